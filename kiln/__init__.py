@@ -1,0 +1,13 @@
+"""kiln: a deep-learning compiler in Python, built the way Apache TVM is built.
+
+Every operator is an entry in one attribute registry (`kiln.registry`); targets
+(`kiln.target`) are entries of registries built on the same machinery.
+"""
+
+from kiln import registry, target
+from kiln.errors import KilnError
+from kiln.target import Target
+
+__version__ = "0.1.0"
+
+__all__ = ["KilnError", "Target", "__version__", "registry", "target"]

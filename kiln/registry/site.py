@@ -1,0 +1,63 @@
+"""Registration sites: the file and line a user wrote a registration on."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import attrs
+
+_HELPER_FILES: set[str] = set()
+_HELPER_DIRS: set[str] = {os.path.dirname(os.path.abspath(__file__))}
+
+
+def mark_registration_helper(path: str) -> None:
+    """Makes sites skip frames in `path` (a module that registers on a caller's behalf).
+
+    A decorator module that calls `set_attr` for its user marks itself, so the
+    recorded site is the user's line, not the helper's.
+    """
+    _HELPER_FILES.add(os.path.abspath(path))
+
+
+def _is_registration_api(obj: object) -> bool:
+    return bool(getattr(type(obj), "_registration_api", False))
+
+
+@attrs.frozen
+class Site:
+    """Where a registration was made: the first caller outside the registry."""
+
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    @staticmethod
+    def here() -> Site:
+        """Returns the site of the innermost frame outside kiln's registry code.
+
+        Frames of the registry package, of files marked as registration helpers,
+        and of methods of registration classes (those with a true class
+        attribute `_registration_api`, such as every `RegEntry`) are skipped, so
+        the site is the line a user wrote.
+        """
+        frame = sys._getframe(1)
+        while frame is not None:
+            path = os.path.abspath(frame.f_code.co_filename)
+            if (
+                os.path.dirname(path) not in _HELPER_DIRS
+                and path not in _HELPER_FILES
+                and not _is_registration_api(frame.f_locals.get("self"))
+            ):
+                return Site(_short_path(path), frame.f_lineno)
+            frame = frame.f_back  # type: ignore[assignment]  # f_back is None only past the outermost frame
+        return Site("<unknown>", 0)
+
+
+def _short_path(path: str) -> str:
+    cwd = os.getcwd()
+    if path.startswith(cwd + os.sep):
+        return os.path.relpath(path, cwd)
+    return path

@@ -1,0 +1,287 @@
+"""The op registry: interning, set_attr chains, plevels, validation, attribute maps."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import re
+
+import attrs
+import pytest
+
+from kiln import registry
+from kiln.errors import AttrValueError, DuplicateAttrError, RegistryError, UnknownNameError
+from kiln.registry import AttrRegistry, Op, OpPattern, OpRegEntry, attr, register_op
+
+
+@attrs.frozen
+class ScaleAttrs:
+    factor: float = attrs.field(default=1.0, metadata={"doc": "multiplier"})
+
+
+def _line() -> int:
+    """The line number of the caller's next line."""
+    frame = inspect.currentframe()
+    assert frame is not None and frame.f_back is not None
+    return frame.f_back.f_lineno + 1
+
+
+def _full_op(name: str = "test.scale") -> OpRegEntry:
+    return (
+        register_op(name)
+        .describe("x * factor")
+        .set_num_inputs(1)
+        .add_argument("data", "Tensor", "input")
+        .set_attrs_type(ScaleAttrs)
+        .add_type_rel("Identity", lambda types, attrs: types[0])
+        .set_support_level(2)
+        .set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
+    )
+
+
+def test_op_get_returns_the_same_interned_object() -> None:
+    _full_op()
+    assert Op.get("test.scale") is Op.get("test.scale")
+    assert register_op("test.scale").key is Op.get("test.scale")
+
+
+def test_register_or_get_keeps_the_registration_index() -> None:
+    a = register_op("test.first").key
+    b = register_op("test.second").key
+    assert b.index == a.index + 1
+    assert register_op("test.first").key.index == a.index
+    assert Op.list_names()[-2:] == ["test.first", "test.second"]
+
+
+def test_chain_records_metadata_and_attributes() -> None:
+    _full_op()
+    op = Op.get("test.scale")
+    assert op.description == "x * factor"
+    assert op.num_inputs == 1
+    assert [a.name for a in op.arguments] == ["data"]
+    assert op.arguments[0].type_info == "Tensor"
+    assert op.attrs_type is ScaleAttrs
+    assert op.support_level == 2
+    assert op.get_attr(attr.TOpPattern) is OpPattern.ELEMWISE
+    relation = op.get_attr(attr.FTypeRelation)
+    assert relation is not None and relation.name == "Identity"
+    assert relation(["t"], None) == "t"
+
+
+def test_generic_registry_is_one_per_entry_type() -> None:
+    reg = AttrRegistry.global_(OpRegEntry)
+    assert reg is registry.op_registry()
+    assert reg.kind == "op"
+    with pytest.raises(UnknownNameError, match="no registry holds entries of type int"):
+        AttrRegistry.global_(int)  # type: ignore[type-var]  # the point: not an entry type
+
+
+def test_attr_map_supports_lookup_membership_len_and_iteration() -> None:
+    _full_op("test.a")
+    _full_op("test.b")
+    register_op("test.c").describe("no pattern")
+    pattern = Op.get_attr_map(attr.TOpPattern)
+    a, b, c = Op.get("test.a"), Op.get("test.b"), Op.get("test.c")
+    assert pattern[a] is OpPattern.ELEMWISE
+    assert pattern.get(c) is None
+    assert pattern.get(c, OpPattern.OPAQUE) is OpPattern.OPAQUE
+    assert a in pattern and b in pattern and c not in pattern
+    assert "test.a" not in pattern  # names are not keys
+    assert len(pattern) == 2
+    assert list(pattern) == [a, b]
+    assert pattern.items() == [(a, OpPattern.ELEMWISE), (b, OpPattern.ELEMWISE)]
+    with pytest.raises(UnknownNameError, match="op test.c has no attribute TOpPattern"):
+        pattern[c]
+
+
+def test_attr_map_is_live() -> None:
+    pattern = Op.get_attr_map(attr.TOpPattern)
+    assert len(pattern) == 0
+    _full_op()
+    assert len(pattern) == 1
+
+
+def test_has_attr_answers_for_this_op_only() -> None:
+    _full_op("test.a")
+    register_op("test.b").describe("b")
+    assert Op.get("test.a").has_attr(attr.TOpPattern)
+    assert not Op.get("test.b").has_attr(attr.TOpPattern)
+
+
+def test_higher_plevel_overrides_and_lower_plevel_is_ignored() -> None:
+    _full_op()
+    op = Op.get("test.scale")
+    register_op("test.scale").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=11)
+    assert op.get_attr(attr.TOpPattern) is OpPattern.OPAQUE
+    register_op("test.scale").set_attr(attr.TOpPattern, OpPattern.INJECTIVE, plevel=5)
+    assert op.get_attr(attr.TOpPattern) is OpPattern.OPAQUE
+    slot = registry.op_registry().slot(attr.TOpPattern, op)
+    assert slot is not None and slot.plevel == 11
+
+
+def test_same_plevel_twice_names_both_sites() -> None:
+    entry = register_op("test.dup")
+    first = _line()
+    entry.set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
+    second = _line()
+    with pytest.raises(DuplicateAttrError) as info:
+        entry.set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+    message = str(info.value)
+    assert f"test_registry.py:{first}" in message
+    assert f"test_registry.py:{second + 1}" in message
+    assert "TOpPattern" in message and "test.dup" in message and "plevel 10" in message
+    assert Op.get("test.dup").get_attr(attr.TOpPattern) is OpPattern.ELEMWISE
+
+
+def test_reset_attr_removes_the_attribute_whatever_its_plevel() -> None:
+    _full_op()
+    register_op("test.scale").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=50).reset_attr(attr.TOpPattern)
+    op = Op.get("test.scale")
+    assert not op.has_attr(attr.TOpPattern)
+    register_op("test.scale").set_attr(attr.TOpPattern, OpPattern.BROADCAST, plevel=1)
+    assert op.get_attr(attr.TOpPattern) is OpPattern.BROADCAST
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expects"),
+    [
+        (attr.TOpPattern, 0, "an OpPattern"),
+        (attr.TOpPattern, "ELEMWISE", "an OpPattern"),
+        (attr.FCompute, 42, "a callable"),
+        (attr.FReference, None, "a callable"),
+        (attr.TOpIsStateful, 1, "a bool"),
+        (attr.FTypeRelation, lambda t, a: t, "a TypeRelation"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_refused(key: registry.AttrKey[object], value: object, expects: str) -> None:
+    entry = register_op("test.kind")
+    with pytest.raises(AttrValueError, match=f"attribute {key.name} of op test.kind expects {expects}"):
+        entry.set_attr(key, value)
+    assert not Op.get("test.kind").has_attr(key)
+
+
+def test_bad_plevel_is_refused() -> None:
+    with pytest.raises(AttrValueError, match="plevel .* must be an int >= 0"):
+        register_op("test.p").set_attr(attr.TOpPattern, OpPattern.ELEMWISE, plevel=-1)
+
+
+def test_string_keys_resolve_and_typos_name_the_closest_key() -> None:
+    register_op("test.s").set_attr("TOpPattern", OpPattern.ELEMWISE)
+    assert Op.get("test.s").get_attr("TOpPattern") is OpPattern.ELEMWISE
+    with pytest.raises(UnknownNameError, match=r"unknown op attribute key 'TOpPatern' \(did you mean 'TOpPattern'"):
+        register_op("test.s").set_attr("TOpPatern", OpPattern.ELEMWISE)
+    with pytest.raises(UnknownNameError, match="FComptue"):
+        Op.get_attr_map("FComptue")
+
+
+def test_declared_keys_work_like_built_in_ones() -> None:
+    key = registry.declare_attr_key("TMyCost", "an int", registry.instance_of(int), "cost model")
+    register_op("test.cost").set_attr("TMyCost", 3)
+    assert Op.get("test.cost").get_attr(key) == 3
+    with pytest.raises(AttrValueError, match="TMyCost of op test.cost expects an int"):
+        register_op("test.cost").set_attr(key, True, plevel=20)
+
+
+def test_all_issue_keys_exist_as_constants() -> None:
+    names = {k.name for k in registry.op_registry().list_attr_keys()}
+    required = {"TOpPattern", "FTypeRelation", "FCompute", "FSchedule", "FStrategy", "FPrimalGradient",
+                "TOpIsStateful", "FReference"}
+    assert required <= names
+    for name in required:
+        assert getattr(attr, name).name == name
+
+
+def test_unknown_op_lists_the_closest_names() -> None:
+    _full_op("nn.conv2d")
+    _full_op("nn.conv1d")
+    with pytest.raises(UnknownNameError, match=r"unknown op 'nn.conv2' \(did you mean 'nn.conv2d', 'nn.conv1d'"):
+        Op.get("nn.conv2")
+    with pytest.raises(LookupError):  # kiln's errors are also the builtins that describe them
+        Op.get("zzz")
+
+
+@pytest.mark.parametrize("name", ["add", "nn.conv2d", "dyn.nn.pad", "qnn.conv2d_transpose", "a1"])
+def test_valid_op_names(name: str) -> None:
+    assert register_op(name).name == name
+
+
+@pytest.mark.parametrize("name", ["", "Add", "nn.Conv2d", "nn..conv", ".add", "add.", "1add", "nn-conv", "a b", 3])
+def test_invalid_op_names_are_refused(name: object) -> None:
+    with pytest.raises(RegistryError, match="invalid op name"):
+        register_op(name)  # type: ignore[arg-type]  # the point: bad names
+
+
+def test_argument_names_are_unique() -> None:
+    entry = register_op("test.args").add_argument("x", "Tensor")
+    with pytest.raises(RegistryError, match="argument 'x' is declared twice"):
+        entry.add_argument("x", "Tensor")
+    with pytest.raises(RegistryError, match="argument name must be an identifier"):
+        entry.add_argument("not valid", "Tensor")
+
+
+def test_num_inputs_and_arguments_must_agree_in_either_order() -> None:
+    # set_num_inputs first, then the arguments: fine once complete
+    register_op("test.order1").set_num_inputs(2).add_argument("a", "Tensor").add_argument("b", "Tensor")
+    Op.get("test.order1").verify()
+    # arguments first, then set_num_inputs
+    register_op("test.order2").add_argument("a", "Tensor").add_argument("b", "Tensor").set_num_inputs(2)
+    Op.get("test.order2").verify()
+    # too many arguments for the declared inputs, either way round
+    with pytest.raises(RegistryError, match="would be input 2, but the op declares 1 inputs"):
+        register_op("test.bad1").set_num_inputs(1).add_argument("a", "Tensor").add_argument("b", "Tensor")
+    with pytest.raises(RegistryError, match=r"set_num_inputs\(1\) but 2 arguments are declared: a, b"):
+        register_op("test.bad2").add_argument("a", "Tensor").add_argument("b", "Tensor").set_num_inputs(1)
+    # too few arguments shows when the op is verified
+    register_op("test.bad3").set_num_inputs(3).add_argument("a", "Tensor")
+    with pytest.raises(RegistryError, match="declares 3 inputs .* but has 1 arguments: a"):
+        Op.get("test.bad3").verify()
+
+
+def test_type_relation_order_does_not_matter() -> None:
+    register_op("test.rel1").add_type_rel("R", lambda t, a: t[0]).add_argument("x", "Tensor").set_num_inputs(1)
+    register_op("test.rel2").set_num_inputs(1).add_argument("x", "Tensor").add_type_rel("R", lambda t, a: t[0])
+    for name in ("test.rel1", "test.rel2"):
+        op = Op.get(name)
+        op.verify()
+        assert op.num_inputs == 1 and op.get_attr(attr.FTypeRelation) is not None
+
+
+def test_metadata_cannot_be_silently_changed() -> None:
+    register_op("test.meta").describe("one thing")
+    register_op("test.meta").describe("one thing")  # the same value again is fine
+    with pytest.raises(RegistryError, match="description is set to 'one thing' at .*test_registry.py"):
+        register_op("test.meta").describe("another thing")
+    with pytest.raises(RegistryError, match="set_attrs_type expects an attrs class"):
+        register_op("test.meta").set_attrs_type(dict)
+    with pytest.raises(RegistryError, match=r"support level must be an int in \[0, 10\]"):
+        register_op("test.meta").set_support_level(11)
+
+
+def test_a_user_overrides_an_attribute_registered_elsewhere() -> None:
+    # The "library" registers at the default plevel from its module ...
+    _full_op("lib.relu")
+    op = Op.get("lib.relu")
+    site = registry.op_registry().slot(attr.TOpPattern, op)
+    assert site is not None and "test_registry.py" in str(site.site)
+    # ... and a user replaces its compute from Python at a higher plevel.
+    register_op("lib.relu").set_attr(attr.FCompute, lambda *a: "mine", plevel=20)
+    register_op("lib.relu").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)
+    assert op.get_attr(attr.FCompute)() == "mine"  # type: ignore[misc]  # FCompute is a callable
+    assert Op.get_attr_map(attr.TOpPattern)[op] is OpPattern.OPAQUE
+
+
+def test_registration_helpers_report_their_callers_line() -> None:
+    # Frames inside RegEntry methods are skipped, so the site is this file, not op.py.
+    line = _line()
+    register_op("test.site").set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
+    slot = registry.op_registry().slot(attr.TOpPattern, Op.get("test.site"))
+    assert slot is not None and str(slot.site).endswith(f"test_registry.py:{line}")
+    line = _line()
+    register_op("test.site").describe("where")
+    assert re.fullmatch(rf".*test_registry\.py:{line}", str(Op.get("test.site").meta.site_of("description")))
+
+
+def test_ops_pickle_by_name() -> None:
+    _full_op()
+    op = Op.get("test.scale")
+    assert pickle.loads(pickle.dumps(op)) is op
