@@ -394,13 +394,16 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
 
     def slot(self, attr: AttrKey[Any] | str, key: KeyT) -> Slot[Any] | None:
         """Returns the slot of `attr` for `key` (value, plevel, site), or None."""
-        attr_key = self.attr_key(attr)
+        # The hot path of every pass that asks an attribute map: keep it flat.
+        name = attr.name if isinstance(attr, AttrKey) else self.attr_key(attr).name
+        index = key.index
         with _LOCK:
-            self._check(key)
-            column = self._columns.get(attr_key.name)
-            if column is None or key.index >= len(column):
+            if index >= len(self._keys) or self._keys[index] is not key:
+                self._check(key)
+            column = self._columns.get(name)
+            if column is None or index >= len(column):
                 return None
-            return column[key.index]
+            return column[index]
 
     @overload
     def get_attr(self, attr: AttrKey[V], key: KeyT) -> V | None: ...
