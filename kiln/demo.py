@@ -8,6 +8,8 @@ Everything it registers happens inside `registry.scope()` and is undone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 from kiln import registry
@@ -27,9 +29,9 @@ def _section(title: str) -> None:
     print(f"\n== {title}")
 
 
-def _show_error(what: str, fn: object) -> None:
+def _show_error(what: str, fn: Callable[[], object]) -> None:
     try:
-        fn()  # type: ignore[operator]  # a zero-argument lambda
+        fn()
     except KilnError as err:
         print(f"{what}\n  -> {type(err).__name__}: {err}")
     else:

@@ -219,6 +219,27 @@ def test_watchers_hear_of_a_batch_when_it_ends() -> None:
         registry.remove_watcher(watcher)
 
 
+def test_a_raising_watcher_does_not_silence_the_others() -> None:
+    heard: list[str] = []
+
+    def broken(event: RegistrationEvent) -> None:
+        raise ValueError("watcher bug")
+
+    def listening(event: RegistrationEvent) -> None:
+        heard.append(event.name)
+
+    registry.add_watcher(broken)
+    registry.add_watcher(listening)
+    try:
+        with pytest.raises(RegistryError, match="a registry watcher raised ValueError: watcher bug"):
+            register_op("watch.noisy")
+    finally:
+        registry.remove_watcher(broken)
+        registry.remove_watcher(listening)
+    assert heard == ["watch.noisy"]
+    assert "watch.noisy" in Op.list_names()  # the registration stands
+
+
 # --- scope --------------------------------------------------------------------------
 
 

@@ -119,7 +119,8 @@ class RegKey:
 
 
 def _lookup_key(kind: str, name: str) -> RegKey:
-    return AttrRegistry.by_kind(kind).get(name)
+    key: RegKey = AttrRegistry.by_kind(kind).get(name)
+    return key
 
 
 class RegEntry(Generic[KeyT]):
@@ -421,11 +422,12 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
         """Returns every attribute that `key` carries, by key name."""
         with _LOCK:
             self._check(key)
-            return {
-                name: column[key.index]  # type: ignore[misc]  # None is filtered below
-                for name, column in self._columns.items()
-                if key.index < len(column) and column[key.index] is not None
-            }
+            found: dict[str, Slot[Any]] = {}
+            for name, column in self._columns.items():
+                slot = column[key.index] if key.index < len(column) else None
+                if slot is not None:
+                    found[name] = slot
+            return found
 
     def get_attr_map(self, attr: AttrKey[V] | str) -> AttrMap[KeyT, V]:
         """Returns a live view of one attribute column."""

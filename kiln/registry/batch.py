@@ -68,7 +68,9 @@ def add_watcher(fn: Watcher) -> Watcher:
     """Calls `fn(event)` for every registration from now on; returns `fn`.
 
     Watchers run after the registration, outside the registry lock, in the
-    registering thread; in a `deferred()` batch, when the batch ends.
+    registering thread; in a `deferred()` batch, when the batch ends. A watcher
+    that raises does not undo the registration or keep the other watchers from
+    hearing of it; its error is raised from the registering call afterwards.
     """
     with LOCK:
         _WATCHERS.append(fn)
@@ -100,9 +102,15 @@ def _deliver() -> None:
     events.clear()
     with LOCK:
         watchers = list(_WATCHERS)
+    failure: BaseException | None = None
     for event in todo:
         for fn in watchers:
-            fn(event)
+            try:
+                fn(event)
+            except Exception as err:  # noqa: BLE001  # every watcher hears every event; the first error is re-raised
+                failure = failure or err
+    if failure is not None:
+        raise RegistryError(f"a registry watcher raised {type(failure).__name__}: {failure}") from failure
 
 
 @contextmanager

@@ -33,8 +33,9 @@ def attrs_schema(cls: type | None) -> list[dict[str, Any]]:
     fields = []
     for field in attrs.fields(cls):
         default: object = field.default
-        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]  # Factory is a class at run time
-            default = default.factory() if not default.takes_self else "<computed>"  # type: ignore[attr-defined]
+        factory = getattr(default, "factory", None)  # an attrs.Factory default
+        if callable(factory):
+            default = "<computed>" if getattr(default, "takes_self", False) else factory()
         fields.append(
             {
                 "name": field.name,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 
 import attrs
 
@@ -43,7 +44,7 @@ class Site:
         attribute `_registration_api`, such as every `RegEntry`) are skipped, so
         the site is the line a user wrote.
         """
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             path = os.path.abspath(frame.f_code.co_filename)
             if (
@@ -52,7 +53,7 @@ class Site:
                 and not _is_registration_api(frame.f_locals.get("self"))
             ):
                 return Site(_short_path(path), frame.f_lineno)
-            frame = frame.f_back  # type: ignore[assignment]  # f_back is None only past the outermost frame
+            frame = frame.f_back
         return Site("<unknown>", 0)
 
 

@@ -63,7 +63,12 @@ class Option:
                 return value.lower() in ("true", "1")
             raise ValueError
         if self.type == "str-list":
-            items = value.split(",") if isinstance(value, str) else list(value)  # type: ignore[call-overload]
+            if isinstance(value, str):
+                items: list[object] = list(value.split(","))
+            elif isinstance(value, (list, tuple)):
+                items = list(value)
+            else:
+                raise TypeError
             if not all(isinstance(i, str) and i for i in items):
                 raise ValueError
             return tuple(items)

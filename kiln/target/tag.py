@@ -12,7 +12,8 @@ from typing import Any
 import attrs
 
 from kiln.errors import RegistryError, TargetError, did_you_mean
-from kiln.registry.attr_registry import AttrRegistry, RegEntry, RegKey, Site
+from kiln.registry.attr_registry import AttrRegistry, RegEntry, RegKey
+from kiln.registry.site import Site
 from kiln.target.kind import TargetKind
 
 
