@@ -107,7 +107,7 @@ def _deliver() -> None:
         for fn in watchers:
             try:
                 fn(event)
-            except Exception as err:  # noqa: BLE001  # every watcher hears every event; the first error is re-raised
+            except Exception as err:  # every watcher hears every event; the first error is re-raised
                 failure = failure or err
     if failure is not None:
         raise RegistryError(f"a registry watcher raised {type(failure).__name__}: {failure}") from failure

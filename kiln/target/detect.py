@@ -45,7 +45,6 @@ def host_cpu() -> HostCPU:
 def cuda_device(ordinal: int = 0) -> dict[str, Any] | None:
     """Returns the cuda target options of GPU `ordinal`, or None without cupy or a GPU."""
     try:
-        import cupy  # noqa: F401  # only to learn whether the cuda extra is installed
         from cupy.cuda import runtime
     except ImportError:
         return None
