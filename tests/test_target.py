@@ -18,6 +18,7 @@ from kiln.target import (
     TargetKind,
     TargetKindRegEntry,
     TargetTag,
+    cuda_device,
     host_cpu,
     register_tag,
     register_target_kind,
@@ -255,3 +256,15 @@ def test_scope_undoes_target_registrations() -> None:
         register_target_kind("throwaway")
     with pytest.raises(TargetError, match="unknown target kind 'throwaway'"):
         Target("throwaway")
+
+
+def test_cuda_without_an_arch_takes_the_machines_gpu_or_stays_open() -> None:
+    gpu = cuda_device()
+    target = Target("cuda")
+    if gpu is None:  # CI and the developers' machines: no GPU
+        assert target.get("arch") is None
+        assert str(target) == "cuda"
+    else:
+        assert target["arch"] == gpu["arch"]
+        assert target["multiprocessor-count"] == gpu["multiprocessor-count"]
+    assert Target(str(target)) == target
