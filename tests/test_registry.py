@@ -182,6 +182,16 @@ def test_declared_keys_work_like_built_in_ones() -> None:
         register_op("test.cost").set_attr(key, True, plevel=20)
 
 
+def test_keys_of_another_registry_are_refused() -> None:
+    from kiln.target import FTargetParser
+
+    with pytest.raises(UnknownNameError, match="unknown op attribute key 'FTargetParser'"):
+        register_op("test.wrongkey").set_attr(FTargetParser, lambda opts: opts)
+    undeclared = registry.AttrKey("TOpPattern", "an int", registry.instance_of(int))  # same name, another key
+    with pytest.raises(UnknownNameError, match="unknown op attribute key 'TOpPattern'"):
+        register_op("test.wrongkey").set_attr(undeclared, 1)
+
+
 def test_all_issue_keys_exist_as_constants() -> None:
     names = {k.name for k in registry.op_registry().list_attr_keys()}
     required = {"TOpPattern", "FTypeRelation", "FCompute", "FSchedule", "FStrategy", "FPrimalGradient",

@@ -27,7 +27,7 @@ from kiln.errors import (
     did_you_mean,
 )
 from kiln.registry.batch import LOCK as _LOCK
-from kiln.registry.batch import RegistrationEvent, add_registry, emit, mutation, touch
+from kiln.registry.batch import RegistrationEvent, add_registry, emit, mutation, registries, touch
 from kiln.registry.site import Site
 
 V = TypeVar("V")
@@ -174,7 +174,6 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
     """
 
     _registration_api = True
-    _by_kind: ClassVar[dict[str, AttrRegistry[Any, Any, Any]]] = {}
     _by_entry: ClassVar[dict[type, AttrRegistry[Any, Any, Any]]] = {}
 
     def __init__(
@@ -199,7 +198,6 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
         self._attr_keys: dict[str, AttrKey[Any]] = {}
         with _LOCK:
             add_registry(kind, self)
-            AttrRegistry._by_kind[kind] = self
             AttrRegistry._by_entry[entry_type] = self
 
     # -- the one registry per entry type ----------------------------------
@@ -215,12 +213,10 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
     @staticmethod
     def by_kind(kind: str) -> AttrRegistry[Any, Any, Any]:
         """Returns the registry of `kind` ("op", "target kind", "target tag")."""
-        try:
-            return AttrRegistry._by_kind[kind]
-        except KeyError:
-            raise UnknownNameError(
-                f"no registry of kind {kind!r}{did_you_mean(kind, AttrRegistry._by_kind)}"
-            ) from None
+        found = registries().get(kind)
+        if not isinstance(found, AttrRegistry):
+            raise UnknownNameError(f"no registry of kind {kind!r}{did_you_mean(kind, registries())}")
+        return found
 
     # -- entries ------------------------------------------------------------
 
@@ -318,15 +314,14 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
         return key
 
     def attr_key(self, key: AttrKey[V] | str) -> AttrKey[V]:
-        """Resolves a key or a declared key's name; an unknown name lists the closest."""
-        if isinstance(key, AttrKey):
-            return key
+        """Resolves a declared key, or a declared key's name; an unknown name lists the closest."""
+        name = key.name if isinstance(key, AttrKey) else key
         with _LOCK:
-            found = self._attr_keys.get(key)
+            found = self._attr_keys.get(name)
             names = list(self._attr_keys)
-        if found is None:
+        if found is None or (isinstance(key, AttrKey) and found is not key):
             raise UnknownNameError(
-                f"unknown {self.kind} attribute key {key!r}{did_you_mean(key, names)}; "
+                f"unknown {self.kind} attribute key {name!r}{did_you_mean(name, names)}; "
                 "declare new keys with registry.declare_attr_key"
             )
         return found

@@ -32,6 +32,12 @@ class Snapshottable(Protocol):
 _REGISTRIES: dict[str, Snapshottable] = {}
 
 
+def registries() -> dict[str, Snapshottable]:
+    """Returns every registry by kind ("op", "target kind", "target tag")."""
+    with LOCK:
+        return dict(_REGISTRIES)
+
+
 def add_registry(kind: str, registry: Snapshottable) -> None:
     """Makes `registry` part of every deferred batch and scope."""
     with LOCK:
