@@ -142,7 +142,7 @@ def test_tag_equals_the_kind_with_the_same_options() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("cdua", r"unknown target kind 'cdua' \(did you mean 'cuda'\?\); known kinds: llvm, cuda"),
+        ("cdua", r"unknown target kind 'cdua' \(did you mean 'cuda'\?\); known target kinds: llvm, cuda"),
         ("", "empty target string; known kinds: llvm, cuda"),
         ("llvm -mcpux=znver4", r"no option -mcpux \(did you mean '-mcpu'\?\); its options: -mcpu, -mattr, -mtriple"),
         ("cuda -arch=sm_90 -max-thread-per-block=4", "did you mean '-max-threads-per-block'"),
@@ -155,7 +155,7 @@ def test_tag_equals_the_kind_with_the_same_options() -> None:
         ("llvm -mcpu=", "has no value after '='"),
         ("llvm -mcpu=a -mcpu=b", "-mcpu is given twice"),
         ("llvm -mattr=+avx,,+fma", "expects a comma-separated list"),
-        ("nvidia/h10", r"unknown target tag 'nvidia/h10' \(did you mean 'nvidia/h100'.*known tags: nvidia/h100"),
+        ("nvidia/h10", r"unknown target tag 'nvidia/h10' \(did you mean 'nvidia/h100'.*known target tags: nvidia/h100"),
     ],
 )
 def test_bad_target_strings_say_what_is_valid(spec: str, message: str) -> None:

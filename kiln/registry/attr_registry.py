@@ -171,6 +171,7 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
         entry_type: the chainable registration class (subclass of `RegEntry`).
         meta_type: an attrs class whose no-argument instance is a new entry's metadata.
         name_pattern: a regex every entry name must match, and `name_rule` says it in words.
+        unknown_error: the error class that `get` raises for an unknown name.
     """
 
     _registration_api = True
@@ -184,6 +185,7 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
         meta_type: Callable[[], MetaT],
         name_pattern: str,
         name_rule: str,
+        unknown_error: type[Exception] = UnknownNameError,
     ) -> None:
         self.kind = kind
         self._key_type = key_type
@@ -191,6 +193,7 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
         self._meta_type = meta_type
         self._name_re = re.compile(name_pattern)
         self._name_rule = name_rule
+        self._unknown_error = unknown_error
         self._names: dict[str, int] = {}
         self._keys: list[KeyT] = []
         self._metas: list[MetaT] = []
@@ -245,10 +248,11 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
             if index is not None:
                 return self._keys[index]
             names = list(self._names)
-        raise UnknownNameError(
-            f"unknown {self.kind} {name!r}{did_you_mean(name, names)}; "
-            f"{len(names)} {self.kind}s are registered"
-        )
+        if len(names) <= 12:
+            known = f"known {self.kind}s: {', '.join(names)}"
+        else:
+            known = f"{len(names)} {self.kind}s are registered"
+        raise self._unknown_error(f"unknown {self.kind} {name!r}{did_you_mean(name, names)}; {known}")
 
     def find(self, name: str) -> KeyT | None:
         """Returns the key named `name`, or None."""

@@ -112,14 +112,8 @@ class TargetKind(RegKey):
 
     @staticmethod
     def get(name: str) -> TargetKind:
-        """Returns the kind named `name`; unknown names list the valid kinds."""
-        kind = _REGISTRY.find(name)
-        if kind is None:
-            names = _REGISTRY.list_names()
-            raise TargetError(
-                f"unknown target kind {name!r}{did_you_mean(name, names)}; known kinds: {', '.join(names)}"
-            )
-        return kind
+        """Returns the kind named `name`; an unknown name lists the valid ones."""
+        return _REGISTRY.get(name)
 
     @staticmethod
     def list_names() -> list[str]:
@@ -192,6 +186,7 @@ _REGISTRY: AttrRegistry[TargetKindRegEntry, TargetKind, TargetKindMeta] = AttrRe
     TargetKindMeta,
     name_pattern=r"[a-z][a-z0-9_]*",
     name_rule="target kind names are lower snake_case, e.g. 'llvm'",
+    unknown_error=TargetError,
 )
 
 FTargetParser: AttrKey[Callable[[dict[str, Any]], Mapping[str, Any]]] = _REGISTRY.declare_key(

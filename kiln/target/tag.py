@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from kiln.errors import RegistryError, TargetError, did_you_mean
+from kiln.errors import RegistryError, TargetError
 from kiln.registry.attr_registry import AttrRegistry, RegEntry, RegKey
 from kiln.registry.site import Site
 from kiln.target.kind import TargetKind
@@ -33,12 +33,8 @@ class TargetTag(RegKey):
 
     @staticmethod
     def get(name: str) -> TargetTag:
-        """Returns the tag `name`; unknown names list the closest tags."""
-        tag = _REGISTRY.find(name)
-        if tag is None:
-            names = _REGISTRY.list_names()
-            raise TargetError(f"unknown target tag {name!r}{did_you_mean(name, names)}; known tags: {', '.join(names)}")
-        return tag
+        """Returns the tag named `name`; an unknown name lists the valid ones."""
+        return _REGISTRY.get(name)
 
     @staticmethod
     def list_names() -> list[str]:
@@ -86,6 +82,7 @@ _REGISTRY: AttrRegistry[TargetTagRegEntry, TargetTag, TargetTagMeta] = AttrRegis
     TargetTagMeta,
     name_pattern=r"[a-z0-9]+/[a-z0-9][a-z0-9.-]*",
     name_rule="target tag names are vendor/model, lower case, e.g. 'nvidia/h100'",
+    unknown_error=TargetError,
 )
 
 
