@@ -103,6 +103,16 @@ def test_demo_runs_and_leaves_the_registry_as_it_was(capsys: pytest.CaptureFixtu
     assert registry.Op.list_names() == before
 
 
+def test_ops_lists_the_op_library(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ops", "--json"]) == 0
+    names = [r["name"] for r in json.loads(capsys.readouterr().out)]
+    for name in ("add", "nn.conv2d", "reshape", "sum", "nn.batch_norm"):
+        assert names.count(name) == 1
+    assert main(["ops", "nn.conv2d"]) == 0
+    full = capsys.readouterr().out
+    assert "data_layout" in full and "TOpPattern: OpPattern.OUT_ELEMWISE_FUSABLE" in full
+
+
 def test_the_installed_entry_point_runs() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "kiln", "ops", "--json"], capture_output=True, text=True, timeout=120, check=False

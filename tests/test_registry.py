@@ -77,28 +77,30 @@ def test_generic_registry_is_one_per_entry_type() -> None:
 
 
 def test_attr_map_supports_lookup_membership_len_and_iteration() -> None:
+    pattern = Op.get_attr_map(attr.TOpPattern)
+    built_in = len(pattern)  # the op library's ops
     _full_op("test.a")
     _full_op("test.b")
     register_op("test.c").describe("no pattern")
-    pattern = Op.get_attr_map(attr.TOpPattern)
     a, b, c = Op.get("test.a"), Op.get("test.b"), Op.get("test.c")
     assert pattern[a] is OpPattern.ELEMWISE
     assert pattern.get(c) is None
     assert pattern.get(c, OpPattern.OPAQUE) is OpPattern.OPAQUE
     assert a in pattern and b in pattern and c not in pattern
     assert "test.a" not in pattern  # names are not keys
-    assert len(pattern) == 2
-    assert list(pattern) == [a, b]
-    assert pattern.items() == [(a, OpPattern.ELEMWISE), (b, OpPattern.ELEMWISE)]
+    assert len(pattern) == built_in + 2
+    assert list(pattern)[-2:] == [a, b]
+    assert pattern.items()[-2:] == [(a, OpPattern.ELEMWISE), (b, OpPattern.ELEMWISE)]
+    assert len(list(pattern)) == len(pattern.items()) == len(pattern)
     with pytest.raises(UnknownNameError, match="op test.c has no attribute TOpPattern"):
         pattern[c]
 
 
 def test_attr_map_is_live() -> None:
     pattern = Op.get_attr_map(attr.TOpPattern)
-    assert len(pattern) == 0
+    before = len(pattern)
     _full_op()
-    assert len(pattern) == 1
+    assert len(pattern) == before + 1
 
 
 def test_has_attr_answers_for_this_op_only() -> None:
@@ -202,10 +204,10 @@ def test_all_issue_keys_exist_as_constants() -> None:
 
 
 def test_unknown_op_lists_the_closest_names() -> None:
-    _full_op("nn.conv2d")
-    _full_op("nn.conv1d")
-    with pytest.raises(UnknownNameError, match=r"unknown op 'nn.conv2' \(did you mean 'nn.conv2d', 'nn.conv1d'"):
-        Op.get("nn.conv2")
+    _full_op("tst.conv2d")
+    _full_op("tst.conv1d")
+    with pytest.raises(UnknownNameError, match=r"unknown op 'tst.conv2' \(did you mean 'tst.conv2d', 'tst.conv1d'"):
+        Op.get("tst.conv2")
     with pytest.raises(LookupError):  # kiln's errors are also the builtins that describe them
         Op.get("zzz")
 

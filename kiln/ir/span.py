@@ -1,0 +1,41 @@
+"""Spans: where an expression came from (a parsed file's line and column, or a Python call site)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import FrameType
+
+import attrs
+
+_KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@attrs.frozen
+class Span:
+    """A source position: `source` is a file name, `<text>`, an ONNX node name, ..."""
+
+    source: str
+    line: int = 0
+    column: int = 0
+
+    def __str__(self) -> str:
+        if self.line <= 0:
+            return self.source
+        return f"{self.source}:{self.line}:{self.column}" if self.column else f"{self.source}:{self.line}"
+
+    @staticmethod
+    def from_caller() -> Span | None:
+        """The first Python frame outside kiln: where a user built an expression."""
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            path = frame.f_code.co_filename
+            if not os.path.abspath(path).startswith(_KILN_DIR + os.sep):
+                return Span(_short(path), frame.f_lineno)
+            frame = frame.f_back
+        return None
+
+
+def _short(path: str) -> str:
+    cwd = os.getcwd()
+    return os.path.relpath(path, cwd) if path.startswith(cwd + os.sep) else path

@@ -1,0 +1,305 @@
+"""Reductions: sum, mean, max, min, prod; argmax, argmin.
+
+Every reduction takes `axis` (None for all axes, or a tuple of axes; negative
+axes count from the end), `keepdims` (keep each reduced axis as a dim of 1) and
+`exclude` (reduce over every axis *not* in `axis`), with TVM's meaning. Each
+op is registered in one chain (description, argument, attrs, relation,
+pattern, numpy reference); its Python constructor sits next to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from kiln.ir.attrs import Attrs, _FieldError, bool_value, int_tuple, optional, to_opt_int_tuple
+from kiln.ir.dtype import DataType
+from kiln.ir.types import Dim, TensorType, Type
+from kiln.registry import OpPattern, attr, register_op
+from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
+
+Array = np.ndarray[Any, Any]
+
+# TVM's support level of the reduction ops
+_LEVEL = 4
+
+
+@attrs.frozen
+class ReduceAttrs(Attrs):
+    """Attributes of sum, mean, max, min and prod."""
+
+    axis: tuple[int, ...] | None = attrs.field(
+        default=None,
+        converter=to_opt_int_tuple,
+        validator=optional(int_tuple()),
+        metadata={"doc": "the axes to reduce (None: all axes); negative axes count from the end"},
+    )
+    keepdims: bool = attrs.field(
+        default=False, validator=bool_value, metadata={"doc": "keep each reduced axis as a dim of size 1"}
+    )
+    exclude: bool = attrs.field(
+        default=False, validator=bool_value, metadata={"doc": "reduce over the axes NOT in axis instead"}
+    )
+
+
+def _single_axis(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
+    ok = value is None or (
+        isinstance(value, tuple) and len(value) == 1 and isinstance(value[0], int) and not isinstance(value[0], bool)
+    )
+    if not ok:
+        raise _FieldError(field.name, "None or a single axis (an arg-reduction reduces one axis or all)", value)
+
+
+@attrs.frozen
+class ArgReduceAttrs(Attrs):
+    """Attributes of argmax and argmin."""
+
+    axis: tuple[int, ...] | None = attrs.field(
+        default=None,
+        converter=to_opt_int_tuple,
+        validator=_single_axis,
+        metadata={"doc": "the axis to reduce (None: all axes, giving the index into the flattened tensor)"},
+    )
+    keepdims: bool = attrs.field(
+        default=False, validator=bool_value, metadata={"doc": "keep the reduced axis as a dim of size 1"}
+    )
+    exclude: bool = attrs.field(
+        default=False, validator=bool_value, metadata={"doc": "reduce over the axes NOT in axis instead"}
+    )
+    select_last_index: bool = attrs.field(
+        default=False, validator=bool_value, metadata={"doc": "on ties, the last index instead of the first"}
+    )
+
+
+AnyReduceAttrs = ReduceAttrs | ArgReduceAttrs
+
+
+def reduce_axes(ndim: int, axis: Sequence[int] | None, exclude: bool = False) -> list[int]:
+    """The axes a reduction reduces, ascending and non-negative.
+
+    Args:
+        ndim: the rank of the reduced tensor.
+        axis: the `axis` attribute (None for all axes; negative axes count from the end).
+        exclude: whether to reduce the axes not in `axis` instead (ignored when `axis` is None, as in TVM).
+
+    Returns:
+        The reduced axes.
+
+    Raises:
+        RelationError: an axis is out of range or given twice.
+    """
+    if axis is None:
+        return list(range(ndim))
+    seen: dict[int, int] = {}
+    for a in axis:
+        n = normalize_axis(a, ndim)
+        if n in seen:
+            raise RelationError(
+                f"axis {a} is given twice in axis {tuple(axis)} (it names dim {n} of a tensor of rank {ndim}, "
+                f"as axis {seen[n]} does)"
+            )
+        seen[n] = a
+    if exclude:
+        return [i for i in range(ndim) if i not in seen]
+    return sorted(seen)
+
+
+def reduced_shape(shape: Sequence[Dim], axes: Sequence[int], keepdims: bool) -> tuple[Dim, ...]:
+    """The shape after reducing `axes` of `shape` (dims of 1 in their place when `keepdims`)."""
+    reduced = set(axes)
+    if keepdims:
+        return tuple(1 if i in reduced else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in reduced)
+
+
+def _make_relation(
+    name: str, numeric: bool, nonempty: bool, out_dtype: str | None = None
+) -> Callable[[list[Type], AnyReduceAttrs], Type | None]:
+    def relation(arg_types: list[Type], attrs: AnyReduceAttrs) -> Type | None:
+        tensors = tensor_args(arg_types)
+        if tensors is None:
+            return None
+        data = tensors[0]
+        if numeric and data.dtype.is_bool:
+            raise RelationError("expected a numeric tensor, found dtype bool", arg=0)
+        axes = reduce_axes(data.ndim, attrs.axis, attrs.exclude)
+        if isinstance(attrs, ArgReduceAttrs) and len(axes) not in (1, data.ndim):
+            raise RelationError(
+                f"{name} reduces one axis or all of them, but axis {attrs.axis} with exclude={attrs.exclude} "
+                f"leaves axes {tuple(axes)} of a tensor of rank {data.ndim}"
+            )
+        if nonempty:
+            for a in axes:
+                if data.shape[a] == 0:
+                    raise RelationError(
+                        f"axis {a} of shape {_shape_str(data.shape)} has size 0: "
+                        f"the {name} of no elements is undefined",
+                        arg=0,
+                    )
+        dtype = DataType.of(out_dtype) if out_dtype is not None else data.dtype
+        return TensorType(reduced_shape(data.shape, axes, attrs.keepdims), dtype)
+
+    relation.__name__ = relation.__qualname__ = f"{name}_rel"
+    return relation
+
+
+def _shape_str(shape: Sequence[Dim]) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+# --- sum, mean, max, min, prod ---------------------------------------------------------
+
+
+def _reduce_reference(fn: Callable[..., Any]) -> Callable[[ReduceAttrs, Array], Array]:
+    def reference(attrs: ReduceAttrs, x: Array) -> Array:
+        axes = tuple(reduce_axes(x.ndim, attrs.axis, attrs.exclude))
+        out = fn(x, axis=axes, keepdims=attrs.keepdims)
+        # mean of ints truncates toward zero, as TVM's integer division of the sum
+        return np.asarray(out).astype(x.dtype, copy=False)
+
+    reference.__name__ = reference.__qualname__ = f"{getattr(fn, '__name__', 'reduce')}_reference"
+    return reference
+
+
+_REDUCE: list[tuple[str, str, Callable[..., Any], bool, bool]] = [
+    # name, description, numpy function, numeric only, refuses empty axes
+    ("sum", "the sum of the elements over the given axes", np.sum, True, False),
+    ("mean", "the mean of the elements over the given axes", np.mean, True, False),
+    ("max", "the largest element over the given axes", np.max, False, True),
+    ("min", "the smallest element over the given axes", np.min, False, True),
+    ("prod", "the product of the elements over the given axes", np.prod, True, False),
+]
+
+for _name, _doc, _fn, _numeric, _nonempty in _REDUCE:
+    (
+        register_op(_name)
+        .describe(_doc)
+        .set_num_inputs(1)
+        .add_argument("data", "Tensor", "the tensor to reduce")
+        .set_attrs_type(ReduceAttrs)
+        .add_type_rel("Reduce", _make_relation(_name, _numeric, _nonempty))
+        .set_support_level(_LEVEL)
+        .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
+        .set_attr(attr.FReference, _reduce_reference(_fn))
+    )
+
+
+def _make_reduce(name: str) -> Callable[..., Call]:
+    def constructor(
+        data: Expr, axis: int | Sequence[int] | None = None, keepdims: bool = False, exclude: bool = False
+    ) -> Call:
+        return call(name, [data], ReduceAttrs.make(name, axis=axis, keepdims=keepdims, exclude=exclude))
+
+    constructor.__name__ = constructor.__qualname__ = name
+    description = register_op(name).key.description
+    constructor.__doc__ = f"""{name}(data, axis=None, keepdims=False, exclude=False): {description}.
+
+    Args:
+        data: the tensor to reduce.
+        axis: an axis or axes to reduce; None reduces all axes.
+        keepdims: keep each reduced axis as a dim of size 1.
+        exclude: reduce over the axes not in `axis` instead.
+
+    Returns:
+        The call of `{name}`.
+    """
+    return constructor
+
+
+sum = _make_reduce("sum")
+mean = _make_reduce("mean")
+max = _make_reduce("max")
+min = _make_reduce("min")
+prod = _make_reduce("prod")
+
+
+# --- argmax, argmin --------------------------------------------------------------------
+
+
+def _arg_reference(fn: Callable[..., Any]) -> Callable[[ArgReduceAttrs, Array], Array]:
+    def reference(attrs: ArgReduceAttrs, x: Array) -> Array:
+        axes = reduce_axes(x.ndim, attrs.axis, attrs.exclude)
+        # one axis, or every axis: then the index into the row-major flattened tensor
+        data, axis = (x, axes[0]) if len(axes) == 1 else (x.reshape(-1), 0)
+        if attrs.select_last_index:
+            data = np.flip(data, axis=axis)
+        idx = np.asarray(fn(data, axis=axis))
+        if attrs.select_last_index:
+            idx = data.shape[axis] - 1 - idx
+        return idx.reshape(reduced_shape(x.shape, axes, attrs.keepdims)).astype(np.int32)
+
+    reference.__name__ = reference.__qualname__ = f"{getattr(fn, '__name__', 'arg')}_reference"
+    return reference
+
+
+for _name, _doc, _fn in [
+    ("argmax", "the index of the largest element along an axis (int32)", np.argmax),
+    ("argmin", "the index of the smallest element along an axis (int32)", np.argmin),
+]:
+    (
+        register_op(_name)
+        .describe(_doc)
+        .set_num_inputs(1)
+        .add_argument("data", "Tensor", "the tensor to search")
+        .set_attrs_type(ArgReduceAttrs)
+        .add_type_rel("ArgReduce", _make_relation(_name, numeric=False, nonempty=True, out_dtype="int32"))
+        .set_support_level(_LEVEL)
+        .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
+        .set_attr(attr.FReference, _arg_reference(_fn))
+    )
+
+
+def argmax(
+    data: Expr,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+    exclude: bool = False,
+    select_last_index: bool = False,
+) -> Call:
+    """The int32 index of the largest element along `axis`.
+
+    Args:
+        data: the tensor to search.
+        axis: the axis to reduce; None searches the flattened tensor.
+        keepdims: keep the reduced axis as a dim of size 1.
+        exclude: reduce over the axes not in `axis` instead (that must leave one axis).
+        select_last_index: on ties, the last index instead of the first.
+
+    Returns:
+        The call of `argmax`.
+    """
+    return call("argmax", [data], _arg_attrs("argmax", axis, keepdims, exclude, select_last_index))
+
+
+def argmin(
+    data: Expr,
+    axis: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+    exclude: bool = False,
+    select_last_index: bool = False,
+) -> Call:
+    """The int32 index of the smallest element along `axis`.
+
+    Args:
+        data: the tensor to search.
+        axis: the axis to reduce; None searches the flattened tensor.
+        keepdims: keep the reduced axis as a dim of size 1.
+        exclude: reduce over the axes not in `axis` instead (that must leave one axis).
+        select_last_index: on ties, the last index instead of the first.
+
+    Returns:
+        The call of `argmin`.
+    """
+    return call("argmin", [data], _arg_attrs("argmin", axis, keepdims, exclude, select_last_index))
+
+
+def _arg_attrs(
+    name: str, axis: int | Sequence[int] | None, keepdims: bool, exclude: bool, select_last_index: bool
+) -> ArgReduceAttrs:
+    return ArgReduceAttrs.make(
+        name, axis=axis, keepdims=keepdims, exclude=exclude, select_last_index=select_last_index
+    )

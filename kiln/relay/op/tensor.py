@@ -1,0 +1,337 @@
+"""Elementwise and broadcasting ops: negative ... erf, clip, cast; add ... where.
+
+Each op is registered in one chain: description, arguments, attrs, relation,
+pattern, numpy reference; its Python constructor sits next to it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from kiln.ir.attrs import Attrs, float_value, to_dtype
+from kiln.ir.dtype import DataType
+from kiln.registry import OpPattern, attr, register_op
+from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op._rel import (
+    DTypeRule,
+    RelationError,
+    bool_dtype,
+    broadcast_shape,
+    broadcast_shapes,
+    float_dtype,
+    identity_shape,
+    same_dtype,
+    shape_relation,
+    tensor_args,
+)
+
+Ref = Callable[..., Any]
+
+
+def register_unary(
+    name: str,
+    description: str,
+    reference: Ref,
+    dtype_rule: DTypeRule = same_dtype,
+    attrs_type: type | None = None,
+    pattern: OpPattern = OpPattern.ELEMWISE,
+) -> None:
+    """Registers a one-input elementwise op whose output has its input's shape."""
+    entry = (
+        register_op(name)
+        .describe(description)
+        .set_num_inputs(1)
+        .add_argument("data", "Tensor", "the input")
+        .add_type_rel("Identity", shape_relation(identity_shape, dtype_rule))
+        .set_support_level(1)
+        .set_attr(attr.TOpPattern, pattern)
+        .set_attr(attr.FReference, reference)
+    )
+    if attrs_type is not None:
+        entry.set_attrs_type(attrs_type)
+
+
+def register_binary(name: str, description: str, reference: Ref, dtype_rule: DTypeRule = same_dtype) -> None:
+    """Registers a two-input op with numpy broadcasting."""
+    (
+        register_op(name)
+        .describe(description)
+        .set_num_inputs(2)
+        .add_argument("lhs", "Tensor", "the left operand")
+        .add_argument("rhs", "Tensor", "the right operand")
+        .add_type_rel("Broadcast", shape_relation(broadcast_shape, dtype_rule))
+        .set_support_level(1)
+        .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
+        .set_attr(attr.FReference, reference)
+    )
+
+
+def _unary(fn: Callable[[np.ndarray[Any, Any]], Any]) -> Ref:
+    def reference(attrs: Any, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        out: np.ndarray[Any, Any] = np.asarray(fn(x)).astype(x.dtype, copy=False)
+        return out
+
+    reference.__name__ = reference.__qualname__ = getattr(fn, "__name__", "reference")
+    return reference
+
+
+def _binary(fn: Callable[[Any, Any], Any], out_dtype: str | None = None) -> Ref:
+    def reference(attrs: Any, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        out: np.ndarray[Any, Any] = np.asarray(fn(a, b)).astype(out_dtype or a.dtype, copy=False)
+        return out
+
+    reference.__name__ = reference.__qualname__ = getattr(fn, "__name__", "reference")
+    return reference
+
+
+def _erf(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    out: np.ndarray[Any, Any] = np.vectorize(math.erf, otypes=[np.float64])(x)
+    return out
+
+
+def _round(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return np.round(x)  # half to even, like ONNX Round
+
+
+def _rsqrt(x: np.ndarray[Any, Any]) -> Any:
+    return 1.0 / np.sqrt(x)
+
+
+def _sigmoid(x: np.ndarray[Any, Any]) -> Any:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _bool_only(dtypes: list[DataType], attrs: Any) -> DataType:
+    out = same_dtype(dtypes, attrs)
+    if not out.is_bool:
+        raise RelationError(f"expected a bool tensor, found dtype {out}", arg=0)
+    return out
+
+
+def _numeric(dtypes: list[DataType], attrs: Any) -> DataType:
+    out = same_dtype(dtypes, attrs)
+    if out.is_bool:
+        raise RelationError("expected a numeric tensor, found dtype bool", arg=0)
+    return out
+
+
+_UNARY: list[tuple[str, str, Callable[..., Any], DTypeRule]] = [
+    ("negative", "-x", np.negative, _numeric),
+    ("abs", "|x|", np.abs, _numeric),
+    ("exp", "e^x", np.exp, float_dtype),
+    ("log", "natural logarithm", np.log, float_dtype),
+    ("sqrt", "square root", np.sqrt, float_dtype),
+    ("rsqrt", "1 / sqrt(x)", _rsqrt, float_dtype),
+    ("sigmoid", "1 / (1 + e^-x)", _sigmoid, float_dtype),
+    ("tanh", "hyperbolic tangent", np.tanh, float_dtype),
+    ("erf", "the error function", _erf, float_dtype),
+    ("floor", "round toward -inf", np.floor, float_dtype),
+    ("ceil", "round toward +inf", np.ceil, float_dtype),
+    ("round", "round half to even", _round, float_dtype),
+    ("sign", "-1, 0 or 1", np.sign, _numeric),
+    ("sin", "sine", np.sin, float_dtype),
+    ("cos", "cosine", np.cos, float_dtype),
+    ("logical_not", "not x (bool)", np.logical_not, _bool_only),
+]
+
+for _name, _doc, _fn, _rule in _UNARY:
+    register_unary(_name, _doc, _unary(_fn), _rule)
+
+
+def _floor_divide(a: Any, b: Any) -> Any:
+    return np.floor_divide(a, b) if np.issubdtype(np.asarray(a).dtype, np.integer) else np.floor(a / b)
+
+
+_BINARY: list[tuple[str, str, Callable[..., Any], DTypeRule, str | None]] = [
+    ("add", "a + b", np.add, _numeric, None),
+    ("subtract", "a - b", np.subtract, _numeric, None),
+    ("multiply", "a * b", np.multiply, _numeric, None),
+    ("divide", "a / b (truncating for integers, as C)", lambda a, b: _c_divide(a, b), _numeric, None),
+    ("power", "a ** b", np.power, _numeric, None),
+    ("maximum", "elementwise max", np.maximum, same_dtype, None),
+    ("minimum", "elementwise min", np.minimum, same_dtype, None),
+    ("floor_divide", "floor(a / b)", _floor_divide, _numeric, None),
+    ("floor_mod", "a - floor(a / b) * b", np.mod, _numeric, None),
+    ("equal", "a == b", np.equal, bool_dtype, "bool"),
+    ("not_equal", "a != b", np.not_equal, bool_dtype, "bool"),
+    ("less", "a < b", np.less, bool_dtype, "bool"),
+    ("less_equal", "a <= b", np.less_equal, bool_dtype, "bool"),
+    ("greater", "a > b", np.greater, bool_dtype, "bool"),
+    ("greater_equal", "a >= b", np.greater_equal, bool_dtype, "bool"),
+    ("logical_and", "a and b (bool)", np.logical_and, _bool_only, None),
+    ("logical_or", "a or b (bool)", np.logical_or, _bool_only, None),
+]
+
+
+def _c_divide(a: Any, b: Any) -> Any:
+    a, b = np.asarray(a), np.asarray(b)
+    if np.issubdtype(a.dtype, np.integer):
+        return np.trunc(a / b).astype(a.dtype)
+    return a / b
+
+
+for _name, _doc, _fn, _rule, _out in _BINARY:
+    register_binary(_name, _doc, _binary(_fn, _out), _rule)
+
+
+# --- clip ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ClipAttrs(Attrs):
+    """Bounds of clip."""
+
+    a_min: float = attrs.field(validator=float_value, metadata={"doc": "lower bound"})
+    a_max: float = attrs.field(validator=float_value, metadata={"doc": "upper bound"})
+
+    def __attrs_post_init__(self) -> None:
+        from kiln.ir.attrs import _FieldError
+
+        if self.a_min > self.a_max:
+            raise _FieldError("a_max", f"a number >= a_min ({self.a_min})", self.a_max)
+
+
+register_unary(
+    "clip", "x limited to [a_min, a_max]",
+    lambda attrs, x: np.clip(x, attrs.a_min, attrs.a_max).astype(x.dtype), _numeric, ClipAttrs,
+)
+
+
+def clip(data: Expr, a_min: float, a_max: float) -> Call:
+    """x limited to [a_min, a_max]."""
+    return call("clip", [data], ClipAttrs.make("clip", a_min=a_min, a_max=a_max))
+
+
+# --- cast ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CastAttrs(Attrs):
+    """Target dtype of cast."""
+
+    dtype: DataType = attrs.field(converter=to_dtype, metadata={"doc": "the dtype to convert to"})
+
+
+def _cast_rel(arg_types: list[Any], attrs: CastAttrs) -> Any:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    from kiln.ir.types import TensorType
+
+    return TensorType(tensors[0].shape, attrs.dtype)
+
+
+(
+    register_op("cast")
+    .describe("converts the elements to another dtype")
+    .set_num_inputs(1)
+    .add_argument("data", "Tensor", "the input")
+    .set_attrs_type(CastAttrs)
+    .add_type_rel("Cast", _cast_rel)
+    .set_support_level(1)
+    .set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
+    .set_attr(attr.FReference, lambda attrs, x: x.astype(attrs.dtype.numpy()))
+)
+
+
+def cast(data: Expr, dtype: Any) -> Call:
+    """data converted to `dtype`."""
+    return call("cast", [data], CastAttrs.make("cast", dtype=dtype))
+
+
+# --- where -------------------------------------------------------------------------
+
+
+def _where_rel(arg_types: list[Any], attrs: Any) -> Any:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    cond, x, y = tensors
+    if not cond.dtype.is_bool:
+        raise RelationError(f"expected a bool condition, found dtype {cond.dtype}", arg=0)
+    if x.dtype != y.dtype:
+        raise RelationError(f"expected dtype {x.dtype} (the dtype of x), found {y.dtype}", arg=2)
+    from kiln.ir.types import TensorType
+
+    return TensorType(broadcast_shapes([cond.shape, x.shape, y.shape]), x.dtype)
+
+
+(
+    register_op("where")
+    .describe("x where cond is true, else y, with broadcasting")
+    .set_num_inputs(3)
+    .add_argument("condition", "Tensor", "bool selector")
+    .add_argument("x", "Tensor", "values where true")
+    .add_argument("y", "Tensor", "values where false")
+    .add_type_rel("Where", _where_rel)
+    .set_support_level(1)
+    .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
+    .set_attr(attr.FReference, lambda attrs, c, x, y: np.where(c, x, y))
+)
+
+
+def where(condition: Expr, x: Expr, y: Expr) -> Call:
+    """x where condition is true, else y."""
+    return call("where", [condition, x, y])
+
+
+# --- constructors of the table-driven ops ---------------------------------------------
+
+
+def _make_unary(name: str) -> Callable[[Expr], Call]:
+    def constructor(data: Expr) -> Call:
+        return call(name, [data])
+
+    constructor.__name__ = constructor.__qualname__ = name
+    constructor.__doc__ = f"{name}(data): {register_op(name).key.description}."
+    return constructor
+
+
+def _make_binary(name: str) -> Callable[[Expr, Expr], Call]:
+    def constructor(lhs: Expr, rhs: Expr) -> Call:
+        return call(name, [lhs, rhs])
+
+    constructor.__name__ = constructor.__qualname__ = name
+    constructor.__doc__ = f"{name}(lhs, rhs): {register_op(name).key.description}."
+    return constructor
+
+
+negative = _make_unary("negative")
+abs = _make_unary("abs")  # relay.abs, as in TVM
+exp = _make_unary("exp")
+log = _make_unary("log")
+sqrt = _make_unary("sqrt")
+rsqrt = _make_unary("rsqrt")
+sigmoid = _make_unary("sigmoid")
+tanh = _make_unary("tanh")
+erf = _make_unary("erf")
+floor = _make_unary("floor")
+ceil = _make_unary("ceil")
+round = _make_unary("round")  # relay.round, as in TVM
+sign = _make_unary("sign")
+sin = _make_unary("sin")
+cos = _make_unary("cos")
+logical_not = _make_unary("logical_not")
+
+add = _make_binary("add")
+subtract = _make_binary("subtract")
+multiply = _make_binary("multiply")
+divide = _make_binary("divide")
+power = _make_binary("power")
+maximum = _make_binary("maximum")
+minimum = _make_binary("minimum")
+floor_divide = _make_binary("floor_divide")
+floor_mod = _make_binary("floor_mod")
+equal = _make_binary("equal")
+not_equal = _make_binary("not_equal")
+less = _make_binary("less")
+less_equal = _make_binary("less_equal")
+greater = _make_binary("greater")
+greater_equal = _make_binary("greater_equal")
+logical_and = _make_binary("logical_and")
+logical_or = _make_binary("logical_or")
