@@ -448,6 +448,8 @@ def test_byte_order_and_memory_layout_do_not_change_the_text() -> None:
     assert astext(back) == astext(f)
     assert back.body.fields[0].data.dtype == np.float32 and back.body.fields[0].data.tolist() == [1.5, -2.0]
     assert back.body.fields[1].data.tobytes() == np.ascontiguousarray(fortran.data).tobytes()
+    assert big.data.dtype.isnative  # constants keep the machine's byte order
+    assert structural_equal(back, f)
 
 
 def _float_bits(dtype: str) -> st.SearchStrategy[np.ndarray[Any, Any]]:

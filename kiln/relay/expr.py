@@ -91,7 +91,9 @@ class GlobalVar(Expr):
 
 
 def _frozen_array(value: Any) -> np.ndarray[Any, Any]:
-    array = np.array(value, copy=True)
+    array = np.array(value, copy=True, order="C")
+    if not array.dtype.isnative:  # one byte order for every constant: the machine's
+        array = array.astype(array.dtype.newbyteorder("="))
     DataType.of(array.dtype)  # refuse dtypes kiln does not have
     array.setflags(write=False)
     return array
