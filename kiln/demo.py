@@ -119,8 +119,38 @@ def show_registry() -> None:
     print(f"\nafter registry.scope(), 'demo.scale' registered: {'demo.scale' in Op.list_names()}")
 
 
+def show_relay() -> None:
+    """Builds a small CNN with a symbolic batch, types it, prints it, parses it back, shows a type error."""
+    import numpy as np
+
+    from kiln import relay
+    from kiln.relay.printer import astext
+
+    rng = np.random.default_rng(0)
+    _section("a Relay model with a symbolic batch size, typed through the op relations")
+    x = relay.var("x", shape=("n", 3, 32, 32))
+    w = relay.const(rng.standard_normal((16, 3, 3, 3)).astype(np.float32))
+    h = relay.nn.relu(relay.nn.bias_add(relay.nn.conv2d(x, w, strides=(2, 2), padding=(1, 1)), relay.const(
+        np.zeros(16, np.float32))))
+    h = relay.nn.batch_flatten(relay.nn.global_avg_pool2d(h))
+    out = relay.nn.softmax(relay.nn.dense(h, relay.const(rng.standard_normal((10, 16)).astype(np.float32))))
+    mod = relay.transform.InferType()(relay.IRModule.from_expr(relay.Function([x], out)))
+    text = astext(mod, show_meta_data=False)
+    print(text.rstrip())
+    back = relay.parse(str(mod))
+    print(f"parse(str(mod)) is structurally equal to mod: {relay.structural_equal(back, mod)}")
+
+    _section("a type error names the op, the argument, expected against found, and shows the IR")
+    bad = relay.nn.dense(relay.var("data", shape=("n", 8)), relay.var("weight", shape=(4, 9)))
+    try:
+        relay.infer_type(relay.Function(relay.analysis.free_vars(bad), bad))
+    except relay.TypeInferenceError as err:
+        print(err)
+
+
 def main() -> None:
     """Runs the tour."""
-    print("kiln demo: the registry and the targets (the compiler itself comes with later issues)")
+    print("kiln demo: the registry, the targets and the Relay IR (code generation comes with later issues)")
     show_targets()
     show_registry()
+    show_relay()

@@ -100,6 +100,9 @@ def test_demo_runs_and_leaves_the_registry_as_it_was(capsys: pytest.CaptureFixtu
     assert "parses back equal: True" in out
     assert "set twice at plevel 20" in out
     assert "after the rollback, 'demo.half' registered: False" in out
+    assert "/* ty=Tensor[(n, 10), float32] */" in out
+    assert "parse(str(mod)) is structurally equal to mod: True" in out
+    assert "op nn.dense, argument weight" in out and "--> kiln/demo.py:" in out
     assert registry.Op.list_names() == before
 
 

@@ -9,6 +9,8 @@ from types import FrameType
 import attrs
 
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Frames in these packages build expressions on a user's behalf; the span is the user's line.
+_LIBRARY_DIRS = tuple(os.path.join(_KILN_DIR, d) + os.sep for d in ("ir", "relay", "registry"))
 
 
 @attrs.frozen
@@ -26,11 +28,11 @@ class Span:
 
     @staticmethod
     def from_caller() -> Span | None:
-        """The first Python frame outside kiln: where a user built an expression."""
+        """The first Python frame outside kiln's IR and op library: where a user built an expression."""
         frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             path = frame.f_code.co_filename
-            if not os.path.abspath(path).startswith(_KILN_DIR + os.sep):
+            if not os.path.abspath(path).startswith(_LIBRARY_DIRS):
                 return Span(_short(path), frame.f_lineno)
             frame = frame.f_back
         return None
