@@ -4,10 +4,10 @@ Every operator is an entry in one attribute registry (`kiln.registry`); targets
 (`kiln.target`) are entries of registries built on the same machinery.
 """
 
-from kiln import registry, target
+__version__ = "0.1.0"
+
+from kiln import ir, registry, relay, target  # importing relay registers the op library
 from kiln.errors import KilnError
 from kiln.target import Target
 
-__version__ = "0.1.0"
-
-__all__ = ["KilnError", "Target", "__version__", "registry", "target"]
+__all__ = ["KilnError", "Target", "__version__", "ir", "registry", "relay", "target"]

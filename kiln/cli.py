@@ -13,8 +13,6 @@ from kiln.target import Target, TargetKind, TargetTag
 
 
 def _cmd_ops(args: argparse.Namespace) -> None:
-    import kiln.relay  # noqa: F401  # registers the op library
-
     if args.name:
         op = registry.Op.get(args.name)
         print(json.dumps(registry.op_record(op), indent=2) if args.json else registry.format_op(op))

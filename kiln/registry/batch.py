@@ -227,7 +227,9 @@ def scope() -> Iterator[None]:
     """Snapshots every registry and restores it when the block ends.
 
     Tests use it to register throwaway ops. Registrations made by other threads
-    while the block runs are undone too.
+    while the block runs are undone too, and so are those of a module first
+    imported inside the block (Python will not import it again): `import kiln`
+    registers kiln's own op library before any scope can open.
     """
     with LOCK:
         states = _snapshot_all()
