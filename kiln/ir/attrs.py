@@ -22,8 +22,8 @@ class AttrsError(KilnError, ValueError):
     """An op attribute has a value the op does not accept."""
 
 
-class _FieldError(ValueError):
-    """Raised by validators; `Attrs.make` adds the op name."""
+class FieldError(ValueError):
+    """What a validator raises: the field, what it allows, what it got. `Attrs.make` adds the op name."""
 
     def __init__(self, field: str, allowed: str, given: object) -> None:
         super().__init__(f"attribute {field} must be {allowed}, got {given!r}")
@@ -61,7 +61,7 @@ class Attrs:
                     raise AttrsError(f"op {op_name}: attribute {field.name}: {err}") from None
         try:
             return cls(**converted)
-        except _FieldError as err:
+        except FieldError as err:
             raise AttrsError(f"op {op_name}: {err}") from None
         except TypeError as err:  # a required attribute is missing
             raise AttrsError(f"op {op_name}: {err}") from None
@@ -72,7 +72,7 @@ class Attrs:
 
 
 # ---------------------------------------------------------------------------
-# Validators and converters. Each validator raises _FieldError(field, allowed, given).
+# Validators and converters. Each validator raises FieldError(field, allowed, given).
 # ---------------------------------------------------------------------------
 
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
@@ -83,7 +83,7 @@ def one_of(*allowed: object) -> Validator:
 
     def check(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
         if value not in allowed:
-            raise _FieldError(field.name, "one of " + ", ".join(repr(a) for a in allowed), value)
+            raise FieldError(field.name, "one of " + ", ".join(repr(a) for a in allowed), value)
 
     return check
 
@@ -95,7 +95,7 @@ def int_range(lo: int | None = None, hi: int | None = None) -> Validator:
         ok = isinstance(value, int) and not isinstance(value, bool)
         ok = ok and (lo is None or value >= lo) and (hi is None or value <= hi)
         if not ok:
-            raise _FieldError(field.name, _range_words(lo, hi, "an int"), value)
+            raise FieldError(field.name, _range_words(lo, hi, "an int"), value)
 
     return check
 
@@ -103,13 +103,13 @@ def int_range(lo: int | None = None, hi: int | None = None) -> Validator:
 def float_value(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
     """The value must be a real number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _FieldError(field.name, "a number", value)
+        raise FieldError(field.name, "a number", value)
 
 
 def bool_value(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
     """The value must be a bool."""
     if not isinstance(value, bool):
-        raise _FieldError(field.name, "true or false", value)
+        raise FieldError(field.name, "true or false", value)
 
 
 def int_tuple(length: int | Sequence[int] | None = None, lo: int | None = None) -> Validator:
@@ -125,7 +125,7 @@ def int_tuple(length: int | Sequence[int] | None = None, lo: int | None = None) 
                 what = f"a list of {' or '.join(str(n) for n in lengths)} ints"
             if lo is not None:
                 what += f" >= {lo}"
-            raise _FieldError(field.name, what, value)
+            raise FieldError(field.name, what, value)
 
     return check
 

@@ -13,17 +13,18 @@ trailing padding is dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
 import numpy as np
 
-from kiln.ir.attrs import Attrs, _FieldError, bool_value, int_range, int_tuple, one_of, optional
+from kiln.ir.attrs import Attrs, FieldError, bool_value, int_range, int_tuple, one_of, optional
 from kiln.ir.dtype import DataType, DTypeError
 from kiln.ir.types import ANY, AnyDim, Dim, TensorType, Type, dim_add
-from kiln.registry import OpPattern, OpRegEntry, attr, register_op
+from kiln.registry import OpPattern
 from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op._reg import register_nn_op
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
 
 Array = np.ndarray[Any, Any]
@@ -63,13 +64,13 @@ def optional_dtype(value: Any) -> DataType | None:
     try:
         return DataType.of(value)
     except DTypeError:
-        raise _FieldError("out_dtype", "a dtype name such as 'float32', or None", value) from None
+        raise FieldError("out_dtype", "a dtype name such as 'float32', or None", value) from None
 
 
 def dtype_or_none(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
     """Validator: a DataType or None (after `optional_dtype`)."""
     if value is not None and not isinstance(value, DataType):
-        raise _FieldError(field.name, "a dtype or None", value)
+        raise FieldError(field.name, "a dtype or None", value)
 
 
 def _pair_field(default: tuple[int, int], lo: int, doc: str) -> Any:
@@ -78,39 +79,6 @@ def _pair_field(default: tuple[int, int], lo: int, doc: str) -> Any:
 
 def _padding_field(doc: str = "(top, left, bottom, right); 1 or 2 values are expanded") -> Any:
     return attrs.field(default=(0, 0, 0, 0), converter=to_padding4, validator=int_tuple(4, lo=0), metadata={"doc": doc})
-
-
-def register_nn_op(
-    name: str, description: str, arguments: Sequence[tuple[str, str]], relation: Callable[..., Any],
-    reference: Callable[..., Any], pattern: OpPattern, attrs_type: type | None = None, level: int = 1,
-) -> OpRegEntry:
-    """Registers an op of the nn family in one chain.
-
-    Args:
-        name: the op name, e.g. "nn.conv2d".
-        description: what the op computes.
-        arguments: (name, description) of each tensor input, in order.
-        relation: the type relation.
-        reference: the numpy reference, (attrs, *arrays) -> array or tuple.
-        pattern: the fusion pattern.
-        attrs_type: the attrs class, if the op has attributes.
-        level: the support level.
-
-    Returns:
-        The op's registration entry.
-    """
-    entry = register_op(name).describe(description).set_num_inputs(len(arguments))
-    for arg_name, arg_doc in arguments:
-        entry.add_argument(arg_name, "Tensor", arg_doc)
-    if attrs_type is not None:
-        entry.set_attrs_type(attrs_type)
-    rel_name = "".join(word.capitalize() for word in name.rsplit(".", 1)[-1].split("_"))
-    return (
-        entry.add_type_rel(rel_name, relation)
-        .set_support_level(level)
-        .set_attr(attr.TOpPattern, pattern)
-        .set_attr(attr.FReference, reference)
-    )
 
 
 # --- Shape helpers --------------------------------------------------------------------------------
@@ -378,7 +346,7 @@ class Conv2DTransposeAttrs(Attrs):
     def __attrs_post_init__(self) -> None:
         for k in range(2):
             if self.output_padding[k] >= max(self.strides[k], self.dilation[k]):
-                raise _FieldError(
+                raise FieldError(
                     "output_padding",
                     f"smaller than the stride or the dilation (strides {self.strides}, dilation {self.dilation})",
                     self.output_padding,

@@ -15,11 +15,12 @@ from typing import Any
 import attrs
 import numpy as np
 
-from kiln.ir.attrs import Attrs, _FieldError, bool_value, float_value, int_range, one_of, optional
+from kiln.ir.attrs import Attrs, FieldError, bool_value, float_value, int_range, one_of, optional
 from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, TupleType, Type, dim_add
 from kiln.registry import OpPattern
 from kiln.relay.expr import Call, Constant, Expr, Var, call, const
+from kiln.relay.op._reg import register_nn_op, register_unary
 from kiln.relay.op._rel import (
     RelationError,
     broadcast_dim,
@@ -39,9 +40,8 @@ from kiln.relay.op.conv import (  # the convolution family belongs to relay.nn a
     global_max_pool2d,
     max_pool2d,
     optional_dtype,
-    register_nn_op,
 )
-from kiln.relay.op.tensor import _numeric, register_unary
+from kiln.relay.op.tensor import _numeric
 from kiln.relay.op.transform import batch_flatten  # relay.nn.batch_flatten, as in TVM
 
 Array = np.ndarray[Any, Any]
@@ -477,7 +477,7 @@ def log_softmax(data: Expr, axis: int = -1) -> Call:
 
 def _positive(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise _FieldError(field.name, "a number > 0", value)
+        raise FieldError(field.name, "a number > 0", value)
 
 
 @attrs.frozen
@@ -620,7 +620,7 @@ def layer_norm(
 
 def _rate(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise _FieldError(field.name, "a number in [0, 1)", value)
+        raise FieldError(field.name, "a number in [0, 1)", value)
 
 
 @attrs.frozen
@@ -674,7 +674,7 @@ def _pairs(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
 
     if not (isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and all(map(natural, p))
                                              for p in value)):
-        raise _FieldError(field.name, "a list of (before, after) pairs of ints >= 0, one per axis", value)
+        raise FieldError(field.name, "a list of (before, after) pairs of ints >= 0, one per axis", value)
 
 
 @attrs.frozen

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from kiln.ir.attrs import Attrs, _FieldError, bool_value, int_tuple, optional, to_opt_int_tuple
+from kiln.ir.attrs import Attrs, FieldError, bool_value, int_tuple, optional, to_opt_int_tuple
 from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import OpPattern, attr, register_op
@@ -51,7 +51,7 @@ def _single_axis(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
         isinstance(value, tuple) and len(value) == 1 and isinstance(value[0], int) and not isinstance(value[0], bool)
     )
     if not ok:
-        raise _FieldError(field.name, "None or a single axis (an arg-reduction reduces one axis or all)", value)
+        raise FieldError(field.name, "None or a single axis (an arg-reduction reduces one axis or all)", value)
 
 
 @attrs.frozen

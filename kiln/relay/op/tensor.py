@@ -17,58 +17,18 @@ from kiln.ir.attrs import Attrs, float_value, to_dtype
 from kiln.ir.dtype import DataType
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op._reg import register_binary, register_unary
 from kiln.relay.op._rel import (
     DTypeRule,
     RelationError,
     bool_dtype,
-    broadcast_shape,
     broadcast_shapes,
     float_dtype,
-    identity_shape,
     same_dtype,
-    shape_relation,
     tensor_args,
 )
 
 Ref = Callable[..., Any]
-
-
-def register_unary(
-    name: str,
-    description: str,
-    reference: Ref,
-    dtype_rule: DTypeRule = same_dtype,
-    attrs_type: type | None = None,
-    pattern: OpPattern = OpPattern.ELEMWISE,
-) -> None:
-    """Registers a one-input elementwise op whose output has its input's shape."""
-    entry = (
-        register_op(name)
-        .describe(description)
-        .set_num_inputs(1)
-        .add_argument("data", "Tensor", "the input")
-        .add_type_rel("Identity", shape_relation(identity_shape, dtype_rule))
-        .set_support_level(1)
-        .set_attr(attr.TOpPattern, pattern)
-        .set_attr(attr.FReference, reference)
-    )
-    if attrs_type is not None:
-        entry.set_attrs_type(attrs_type)
-
-
-def register_binary(name: str, description: str, reference: Ref, dtype_rule: DTypeRule = same_dtype) -> None:
-    """Registers a two-input op with numpy broadcasting."""
-    (
-        register_op(name)
-        .describe(description)
-        .set_num_inputs(2)
-        .add_argument("lhs", "Tensor", "the left operand")
-        .add_argument("rhs", "Tensor", "the right operand")
-        .add_type_rel("Broadcast", shape_relation(broadcast_shape, dtype_rule))
-        .set_support_level(1)
-        .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
-        .set_attr(attr.FReference, reference)
-    )
 
 
 def _unary(fn: Callable[[np.ndarray[Any, Any]], Any]) -> Ref:
@@ -190,10 +150,10 @@ class ClipAttrs(Attrs):
     a_max: float = attrs.field(validator=float_value, metadata={"doc": "upper bound"})
 
     def __attrs_post_init__(self) -> None:
-        from kiln.ir.attrs import _FieldError
+        from kiln.ir.attrs import FieldError
 
         if self.a_min > self.a_max:
-            raise _FieldError("a_max", f"a number >= a_min ({self.a_min})", self.a_max)
+            raise FieldError("a_max", f"a number >= a_min ({self.a_min})", self.a_max)
 
 
 register_unary(

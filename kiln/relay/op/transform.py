@@ -19,7 +19,7 @@ import numpy as np
 
 from kiln.ir.attrs import (
     Attrs,
-    _FieldError,
+    FieldError,
     float_value,
     int_range,
     int_tuple,
@@ -128,7 +128,7 @@ class ReshapeAttrs(Attrs):
 
     def __attrs_post_init__(self) -> None:
         if self.newshape.count(-1) > 1:
-            raise _FieldError("newshape", "a shape with at most one -1", self.newshape)
+            raise FieldError("newshape", "a shape with at most one -1", self.newshape)
 
 
 def _reshape_shape(shapes: list[Shape], attrs: ReshapeAttrs) -> Shape:
@@ -351,7 +351,7 @@ def _sections_value(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
         return
     if isinstance(value, tuple) and all(map(is_int, value)) and all(map(int.__lt__, (0, *value), value)):
         return
-    raise _FieldError(field.name, "a number of sections >= 1 or a strictly ascending list of indices > 0", value)
+    raise FieldError(field.name, "a number of sections >= 1 or a strictly ascending list of indices > 0", value)
 
 
 @attrs.frozen
@@ -416,7 +416,7 @@ def split(data: Expr, indices_or_sections: int | Sequence[int], axis: int = 0) -
 def _nonzero_ints(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
     int_tuple()(_, field, value)
     if 0 in value:
-        raise _FieldError(field.name, "a list of non-zero ints", value)
+        raise FieldError(field.name, "a list of non-zero ints", value)
 
 
 @attrs.frozen
@@ -441,11 +441,11 @@ class StridedSliceAttrs(Attrs):
     def __attrs_post_init__(self) -> None:
         k = len(self.begin)
         if len(self.end) != k:
-            raise _FieldError("end", f"a list of {k} ints (as many as begin)", self.end)
+            raise FieldError("end", f"a list of {k} ints (as many as begin)", self.end)
         if self.strides is not None and len(self.strides) > k:
-            raise _FieldError("strides", f"a list of at most {k} ints (as many as begin)", self.strides)
+            raise FieldError("strides", f"a list of at most {k} ints (as many as begin)", self.strides)
         if self.axes is not None and len(self.axes) != k:
-            raise _FieldError("axes", f"a list of {k} ints (as many as begin)", self.axes)
+            raise FieldError("axes", f"a list of {k} ints (as many as begin)", self.axes)
 
     def slices(self, ndim: int) -> list[tuple[int, int, int, int]]:
         """(axis, begin, end, stride) per sliced axis of a rank-`ndim` tensor; RelationError for bad axes."""
@@ -718,7 +718,7 @@ def ones_like(data: Expr) -> Call:
 
 def _int_dtype(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
     if value.kind != "int":
-        raise _FieldError(field.name, "a signed integer dtype such as 'int32' or 'int64'", str(value))
+        raise FieldError(field.name, "a signed integer dtype such as 'int32' or 'int64'", str(value))
 
 
 @attrs.frozen
@@ -750,7 +750,7 @@ def shape_of(data: Expr, dtype: Any = "int32") -> Call:
 def _nonzero_number(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
     float_value(_, field, value)
     if value == 0:
-        raise _FieldError(field.name, "a non-zero number", value)
+        raise FieldError(field.name, "a non-zero number", value)
 
 
 @attrs.frozen
