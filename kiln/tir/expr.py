@@ -1,0 +1,430 @@
+"""Loop-IR expressions: scalars only (vectorization is a loop kind, done by LLVM).
+
+Every node has a `dtype` string ("int32", "float32", "bool", ...). Nodes compare
+by identity (a `Var` is itself); `kiln.tir.printer` gives the canonical text
+used for structural comparison and cache keys. Arithmetic operators build
+nodes (`i * 4 + j`), constant-folding what is constant; comparisons `<`, `<=`,
+`>`, `>=` build nodes too, but `==` stays identity: use `tir.eq(a, b)`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Union
+
+import attrs
+
+from kiln.errors import KilnError
+
+ExprLike = Union["PrimExpr", int, float, bool]
+
+_INT_TYPES = ("int8", "int16", "int32", "int64", "uint8", "bool")
+_FLOAT_TYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+class TIRError(KilnError, TypeError):
+    """Loop IR built from parts that do not fit (mismatched dtypes, a non-expression)."""
+
+
+def is_float(dtype: str) -> bool:
+    """Whether `dtype` is a floating-point type."""
+    return dtype in _FLOAT_TYPES
+
+
+def is_int(dtype: str) -> bool:
+    """Whether `dtype` is an integer (or bool) type."""
+    return dtype in _INT_TYPES
+
+
+@attrs.frozen(eq=False, repr=False)
+class PrimExpr:
+    """Base of scalar expressions."""
+
+    dtype: str
+
+    # -- operators build nodes ---------------------------------------------------------
+    def __add__(self, other: ExprLike) -> PrimExpr:
+        return binary(Add, self, other)
+
+    def __radd__(self, other: ExprLike) -> PrimExpr:
+        return binary(Add, other, self)
+
+    def __sub__(self, other: ExprLike) -> PrimExpr:
+        return binary(Sub, self, other)
+
+    def __rsub__(self, other: ExprLike) -> PrimExpr:
+        return binary(Sub, other, self)
+
+    def __mul__(self, other: ExprLike) -> PrimExpr:
+        return binary(Mul, self, other)
+
+    def __rmul__(self, other: ExprLike) -> PrimExpr:
+        return binary(Mul, other, self)
+
+    def __truediv__(self, other: ExprLike) -> PrimExpr:
+        return binary(Div, self, other)
+
+    def __rtruediv__(self, other: ExprLike) -> PrimExpr:
+        return binary(Div, other, self)
+
+    def __floordiv__(self, other: ExprLike) -> PrimExpr:
+        return binary(FloorDiv, self, other)
+
+    def __rfloordiv__(self, other: ExprLike) -> PrimExpr:
+        return binary(FloorDiv, other, self)
+
+    def __mod__(self, other: ExprLike) -> PrimExpr:
+        return binary(FloorMod, self, other)
+
+    def __rmod__(self, other: ExprLike) -> PrimExpr:
+        return binary(FloorMod, other, self)
+
+    def __neg__(self) -> PrimExpr:
+        return binary(Sub, const(0, self.dtype), self)
+
+    def __lt__(self, other: ExprLike) -> PrimExpr:
+        return binary(LT, self, other)
+
+    def __le__(self, other: ExprLike) -> PrimExpr:
+        return binary(LE, self, other)
+
+    def __gt__(self, other: ExprLike) -> PrimExpr:
+        return binary(GT, self, other)
+
+    def __ge__(self, other: ExprLike) -> PrimExpr:
+        return binary(GE, self, other)
+
+    def __bool__(self) -> bool:
+        raise TIRError("a loop-IR expression has no truth value; use tir.all_of/any_of or compare with tir.eq")
+
+    def __str__(self) -> str:
+        from kiln.tir.printer import expr_text
+
+        return expr_text(self)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self}>"
+
+
+_VAR_IDS = itertools.count()
+
+
+@attrs.frozen(eq=False, repr=False)
+class Var(PrimExpr):
+    """A scalar variable: a loop index, a symbolic size, a let binding."""
+
+    name: str
+    dtype: str = "int32"
+    uid: int = attrs.field(factory=lambda: next(_VAR_IDS))
+
+
+@attrs.frozen(eq=False, repr=False)
+class IntImm(PrimExpr):
+    """An integer (or bool) constant."""
+
+    value: int
+
+
+@attrs.frozen(eq=False, repr=False)
+class FloatImm(PrimExpr):
+    """A floating-point constant."""
+
+    value: float
+
+
+@attrs.frozen(eq=False, repr=False)
+class BinaryOp(PrimExpr):
+    """Base of two-operand nodes; `symbol` is how the printer writes them."""
+
+    a: PrimExpr
+    b: PrimExpr
+    symbol = "?"
+
+
+class Add(BinaryOp):
+    symbol = "+"
+
+
+class Sub(BinaryOp):
+    symbol = "-"
+
+
+class Mul(BinaryOp):
+    symbol = "*"
+
+
+class Div(BinaryOp):
+    """a / b: true division for floats, truncating division for integers (as C)."""
+
+    symbol = "/"
+
+
+class FloorDiv(BinaryOp):
+    symbol = "//"
+
+
+class FloorMod(BinaryOp):
+    symbol = "%"
+
+
+class Min(BinaryOp):
+    symbol = "min"
+
+
+class Max(BinaryOp):
+    symbol = "max"
+
+
+class EQ(BinaryOp):
+    symbol = "=="
+
+
+class NE(BinaryOp):
+    symbol = "!="
+
+
+class LT(BinaryOp):
+    symbol = "<"
+
+
+class LE(BinaryOp):
+    symbol = "<="
+
+
+class GT(BinaryOp):
+    symbol = ">"
+
+
+class GE(BinaryOp):
+    symbol = ">="
+
+
+class And(BinaryOp):
+    symbol = "and"
+
+
+class Or(BinaryOp):
+    symbol = "or"
+
+
+COMPARISONS = (EQ, NE, LT, LE, GT, GE)
+LOGICAL = (And, Or)
+
+
+@attrs.frozen(eq=False, repr=False)
+class Not(PrimExpr):
+    """Logical not of a bool."""
+
+    a: PrimExpr
+
+
+@attrs.frozen(eq=False, repr=False)
+class Cast(PrimExpr):
+    """`value` converted to `dtype`."""
+
+    value: PrimExpr
+
+
+@attrs.frozen(eq=False, repr=False)
+class Select(PrimExpr):
+    """`true_value if cond else false_value`; both sides may be evaluated."""
+
+    cond: PrimExpr
+    true_value: PrimExpr
+    false_value: PrimExpr
+
+
+def _exprs(values: Any) -> tuple[PrimExpr, ...]:
+    return tuple(values)
+
+
+def _shape(values: Any) -> tuple[PrimExpr, ...]:
+    return tuple(as_expr(d) for d in values)
+
+
+# Intrinsics a Call may name; the back ends know each of them.
+INTRINSICS = frozenset(
+    {
+        "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "pow", "floor", "ceil", "round",
+        "abs", "sin", "cos", "fma", "isnan",
+    }
+)
+
+
+@attrs.frozen(eq=False, repr=False)
+class Call(PrimExpr):
+    """A call of an intrinsic (`INTRINSICS`) on scalars."""
+
+    name: str
+    args: tuple[PrimExpr, ...] = attrs.field(converter=_exprs)
+
+
+@attrs.frozen(eq=False, repr=False)
+class Buffer:
+    """A multi-dimensional array in memory: name, shape (PrimExprs), dtype, and its scope."""
+
+    name: str
+    shape: tuple[PrimExpr, ...] = attrs.field(converter=_shape)
+    dtype: str = "float32"
+    scope: str = "global"  # "global", "local" (registers/stack), "shared" (CUDA)
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions."""
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.name}, [{', '.join(map(str, self.shape))}], {self.dtype})"
+
+    def load(self, *indices: ExprLike) -> BufferLoad:
+        """`self[indices]` as an expression."""
+        return BufferLoad(self.dtype, self, tuple(as_expr(i) for i in indices))
+
+
+@attrs.frozen(eq=False, repr=False)
+class BufferLoad(PrimExpr):
+    """Reads `buffer[indices]`."""
+
+    buffer: Buffer
+    indices: tuple[PrimExpr, ...] = attrs.field(converter=_exprs)
+
+
+# ---------------------------------------------------------------------------
+# Construction helpers
+# ---------------------------------------------------------------------------
+
+
+def const(value: Any, dtype: str | None = None) -> PrimExpr:
+    """An immediate: ints are int32 and floats float32 unless `dtype` says otherwise."""
+    if dtype is None:
+        dtype = "bool" if isinstance(value, bool) else "int32" if isinstance(value, int) else "float32"
+    if is_float(dtype):
+        return FloatImm(dtype, float(value))
+    return IntImm(dtype, int(value))
+
+
+def as_expr(value: ExprLike, dtype: str | None = None) -> PrimExpr:
+    """`value` as a PrimExpr (Python numbers become immediates of `dtype` or the default)."""
+    if isinstance(value, PrimExpr):
+        return value
+    if isinstance(value, (int, float, bool)):
+        return const(value, dtype)
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return const(value.item(), str(value.dtype))
+    raise TIRError(f"expected a loop-IR expression or a number, got {type(value).__name__} {value!r:.60}")
+
+
+def _fold(cls: type[BinaryOp], a: PrimExpr, b: PrimExpr) -> PrimExpr | None:
+    """Folds two immediates; None when either side is not constant (or division by zero)."""
+    if not isinstance(a, (IntImm, FloatImm)) or not isinstance(b, (IntImm, FloatImm)):
+        return None
+    x, y = a.value, b.value
+    out_dtype = "bool" if cls in COMPARISONS or cls in LOGICAL else a.dtype
+    if cls in (Div, FloorDiv, FloorMod) and y == 0:
+        return None
+    table: dict[type[BinaryOp], Any] = {
+        Add: lambda: x + y, Sub: lambda: x - y, Mul: lambda: x * y,
+        Div: lambda: (x / y) if is_float(a.dtype) else int(x / y),
+        FloorDiv: lambda: (x // y), FloorMod: lambda: (x % y),
+        Min: lambda: min(x, y), Max: lambda: max(x, y),
+        EQ: lambda: x == y, NE: lambda: x != y, LT: lambda: x < y, LE: lambda: x <= y,
+        GT: lambda: x > y, GE: lambda: x >= y, And: lambda: bool(x) and bool(y), Or: lambda: bool(x) or bool(y),
+    }
+    return const(table[cls](), out_dtype)
+
+
+def binary(cls: type[BinaryOp], a: ExprLike, b: ExprLike) -> PrimExpr:
+    """Builds `cls(a, b)`, matching a Python number to the other side's dtype and folding constants.
+
+    Raises:
+        TIRError: when both sides are expressions of different dtypes.
+    """
+    if isinstance(a, PrimExpr) and not isinstance(b, PrimExpr):
+        b = as_expr(b, a.dtype if not isinstance(b, float) or is_float(a.dtype) else "float32")
+    elif isinstance(b, PrimExpr) and not isinstance(a, PrimExpr):
+        a = as_expr(a, b.dtype if not isinstance(a, float) or is_float(b.dtype) else "float32")
+    a, b = as_expr(a), as_expr(b)
+    if a.dtype != b.dtype:
+        raise TIRError(f"{cls.__name__} of {a.dtype} and {b.dtype}: cast one side first ({a} {cls.symbol} {b})")
+    folded = _fold(cls, a, b)
+    if folded is not None:
+        return folded
+    out_dtype = "bool" if cls in COMPARISONS or cls in LOGICAL else a.dtype
+    return cls(out_dtype, a, b)
+
+
+def eq(a: ExprLike, b: ExprLike) -> PrimExpr:
+    """a == b as an expression."""
+    return binary(EQ, a, b)
+
+
+def ne(a: ExprLike, b: ExprLike) -> PrimExpr:
+    """a != b as an expression."""
+    return binary(NE, a, b)
+
+
+def min_(a: ExprLike, b: ExprLike) -> PrimExpr:
+    """min(a, b)."""
+    return binary(Min, a, b)
+
+
+def max_(a: ExprLike, b: ExprLike) -> PrimExpr:
+    """max(a, b)."""
+    return binary(Max, a, b)
+
+
+def all_of(*conds: ExprLike) -> PrimExpr:
+    """The conjunction of bool expressions (true for none)."""
+    out: PrimExpr = const(True)
+    for c in conds:
+        out = binary(And, out, c)
+    return out
+
+
+def any_of(*conds: ExprLike) -> PrimExpr:
+    """The disjunction of bool expressions (false for none)."""
+    out: PrimExpr = const(False)
+    for c in conds:
+        out = binary(Or, out, c)
+    return out
+
+
+def logical_not(a: PrimExpr) -> PrimExpr:
+    """not a."""
+    if isinstance(a, IntImm):
+        return const(not a.value)
+    return Not("bool", a)
+
+
+def cast(dtype: str, value: ExprLike) -> PrimExpr:
+    """`value` as `dtype` (folded for immediates; no node when it already is)."""
+    value = as_expr(value)
+    if value.dtype == dtype:
+        return value
+    if isinstance(value, (IntImm, FloatImm)):
+        return const(value.value, dtype)
+    return Cast(dtype, value)
+
+
+def select(cond: PrimExpr, true_value: ExprLike, false_value: ExprLike) -> PrimExpr:
+    """`true_value if cond else false_value`, matching number literals to the other side."""
+    if isinstance(true_value, PrimExpr):
+        false_value = as_expr(false_value, true_value.dtype)
+    elif isinstance(false_value, PrimExpr):
+        true_value = as_expr(true_value, false_value.dtype)
+    t, f = as_expr(true_value), as_expr(false_value)
+    if t.dtype != f.dtype:
+        raise TIRError(f"select of {t.dtype} and {f.dtype}: both sides need one dtype")
+    if isinstance(cond, IntImm):
+        return t if cond.value else f
+    return Select(t.dtype, cond, t, f)
+
+
+def call(name: str, *args: ExprLike, dtype: str | None = None) -> PrimExpr:
+    """A call of intrinsic `name`; its dtype is the first argument's unless given."""
+    if name not in INTRINSICS:
+        raise TIRError(f"unknown intrinsic {name!r}; known: {', '.join(sorted(INTRINSICS))}")
+    exprs = tuple(as_expr(a) for a in args)
+    return Call(dtype or exprs[0].dtype, name, exprs)
