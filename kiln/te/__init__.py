@@ -1,4 +1,101 @@
-"""Tensor expressions and schedules, lowered to loop IR.
+"""Tensor expressions and schedules, lowered to loop IR — TVM's `te`, in Python.
 
-Empty until its issue lands; DESIGN.md says what lives here.
+A = te.placeholder((n, m), name="A")
+k = te.reduce_axis((0, m), name="k")
+B = te.compute((n,), lambda i: te.sum(A[i, k], axis=k), name="B")
+s = te.create_schedule(B)
+io, ii = s[B].split(B.op.axis[0], factor=8)
+func = te.lower(s, [A, B], name="row_sum")   # a tir.PrimFunc
 """
+
+from kiln.te.lower import lower
+from kiln.te.ops import (
+    abs,
+    cast,
+    ceil,
+    comm_reducer,
+    const,
+    cos,
+    erf,
+    exp,
+    floor,
+    if_then_else,
+    log,
+    max,
+    min,
+    pow,
+    prod,
+    round,
+    rsqrt,
+    select,
+    sigmoid,
+    sin,
+    sqrt,
+    sum,
+    tanh,
+)
+from kiln.te.schedule import AttachType, Schedule, ScheduleError, Stage, create_schedule
+from kiln.te.tensor import (
+    CommReducer,
+    ComputeOp,
+    IterKind,
+    IterVar,
+    Operation,
+    PlaceholderOp,
+    Range,
+    Reduce,
+    TEError,
+    Tensor,
+    compute,
+    placeholder,
+    reduce_axis,
+    thread_axis,
+    var,
+)
+
+__all__ = [
+    "AttachType",
+    "CommReducer",
+    "ComputeOp",
+    "IterKind",
+    "IterVar",
+    "Operation",
+    "PlaceholderOp",
+    "Range",
+    "Reduce",
+    "Schedule",
+    "ScheduleError",
+    "Stage",
+    "TEError",
+    "Tensor",
+    "abs",
+    "cast",
+    "ceil",
+    "comm_reducer",
+    "compute",
+    "const",
+    "cos",
+    "create_schedule",
+    "erf",
+    "exp",
+    "floor",
+    "if_then_else",
+    "log",
+    "lower",
+    "max",
+    "min",
+    "placeholder",
+    "pow",
+    "prod",
+    "reduce_axis",
+    "round",
+    "rsqrt",
+    "select",
+    "sigmoid",
+    "sin",
+    "sqrt",
+    "sum",
+    "tanh",
+    "thread_axis",
+    "var",
+]

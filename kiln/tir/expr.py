@@ -94,6 +94,10 @@ class PrimExpr:
     def __ge__(self, other: ExprLike) -> PrimExpr:
         return binary(GE, self, other)
 
+    def astype(self, dtype: str) -> PrimExpr:
+        """This expression converted to `dtype` (no node when it already is)."""
+        return cast(dtype, self)
+
     def __bool__(self) -> bool:
         raise TIRError("a loop-IR expression has no truth value; use tir.all_of/any_of or compare with tir.eq")
 
@@ -235,7 +239,7 @@ class Select(PrimExpr):
 
 
 def _exprs(values: Any) -> tuple[PrimExpr, ...]:
-    return tuple(values)
+    return tuple(as_expr(v) for v in values)
 
 
 def _shape(values: Any) -> tuple[PrimExpr, ...]:
@@ -377,16 +381,20 @@ def max_(a: ExprLike, b: ExprLike) -> PrimExpr:
 
 def all_of(*conds: ExprLike) -> PrimExpr:
     """The conjunction of bool expressions (true for none)."""
-    out: PrimExpr = const(True)
-    for c in conds:
+    if not conds:
+        return const(True)
+    out = as_expr(conds[0])
+    for c in conds[1:]:
         out = binary(And, out, c)
     return out
 
 
 def any_of(*conds: ExprLike) -> PrimExpr:
     """The disjunction of bool expressions (false for none)."""
-    out: PrimExpr = const(False)
-    for c in conds:
+    if not conds:
+        return const(False)
+    out = as_expr(conds[0])
+    for c in conds[1:]:
         out = binary(Or, out, c)
     return out
 
@@ -404,8 +412,24 @@ def cast(dtype: str, value: ExprLike) -> PrimExpr:
     if value.dtype == dtype:
         return value
     if isinstance(value, (IntImm, FloatImm)):
-        return const(value.value, dtype)
+        return const(_convert(value.value, dtype), dtype)
     return Cast(dtype, value)
+
+
+_INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8}
+
+
+def _convert(value: float, dtype: str) -> float:
+    """A constant converted as C converts it: truncation toward zero, wrap-around, bool of nonzero."""
+    if is_float(dtype):
+        return float(value)
+    if dtype == "bool":
+        return int(bool(value))
+    bits = _INT_BITS[dtype]
+    x = int(value) & ((1 << bits) - 1)
+    if not dtype.startswith("u") and x >= 1 << (bits - 1):
+        x -= 1 << bits
+    return x
 
 
 def select(cond: PrimExpr, true_value: ExprLike, false_value: ExprLike) -> PrimExpr:

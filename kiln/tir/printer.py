@@ -54,29 +54,69 @@ class _Names:
         return self.names[key]
 
 
+# Python's binding strengths: the text parses back to the same tree.
+_PREC = {
+    "or": 1,
+    "and": 2,
+    "not": 3,
+    "==": 4,
+    "!=": 4,
+    "<": 4,
+    "<=": 4,
+    ">": 4,
+    ">=": 4,
+    "+": 6,
+    "-": 6,
+    "*": 7,
+    "/": 7,
+    "//": 7,
+    "%": 7,
+}
+_ATOM = 10
+
+
 def _expr(e: PrimExpr, names: _Names) -> str:
+    return _expr_prec(e, names)[0]
+
+
+def _paren(e: PrimExpr, names: _Names, need: int) -> str:
+    """`e`'s text, parenthesized when it binds less tightly than `need`."""
+    text, prec = _expr_prec(e, names)
+    return text if prec >= need else f"({text})"
+
+
+def _expr_prec(e: PrimExpr, names: _Names) -> tuple[str, int]:
     if isinstance(e, Var):
-        return names(e)
+        return names(e), _ATOM
     if isinstance(e, IntImm):
         if e.dtype == "bool":
-            return "True" if e.value else "False"
-        return str(e.value) if e.dtype == "int32" else f"{e.dtype}({e.value})"
+            return ("True" if e.value else "False"), _ATOM
+        if e.dtype == "int32":
+            return str(e.value), (_ATOM if e.value >= 0 else 8)
+        return f"{e.dtype}({e.value})", _ATOM
     if isinstance(e, FloatImm):
-        return repr(e.value) if e.dtype == "float32" else f"{e.dtype}({e.value!r})"
+        if e.dtype == "float32":
+            return repr(e.value), (_ATOM if e.value >= 0 or e.value != e.value else 8)
+        return f"{e.dtype}({e.value!r})", _ATOM
     if isinstance(e, (Min, Max)):
-        return f"{e.symbol}({_expr(e.a, names)}, {_expr(e.b, names)})"
+        return f"{e.symbol}({_expr(e.a, names)}, {_expr(e.b, names)})", _ATOM
     if isinstance(e, BinaryOp):
-        return f"({_expr(e.a, names)} {e.symbol} {_expr(e.b, names)})"
+        p = _PREC[e.symbol]
+        if p == _PREC["<"]:  # comparisons chain in Python: parenthesize comparison operands
+            return f"{_paren(e.a, names, p + 1)} {e.symbol} {_paren(e.b, names, p + 1)}", p
+        return f"{_paren(e.a, names, p)} {e.symbol} {_paren(e.b, names, p + 1)}", p
     if isinstance(e, Not):
-        return f"(not {_expr(e.a, names)})"
+        return f"not {_paren(e.a, names, _PREC['not'])}", _PREC["not"]
     if isinstance(e, Cast):
-        return f"{e.dtype}({_expr(e.value, names)})"
+        return f"{e.dtype}({_expr(e.value, names)})", _ATOM
     if isinstance(e, Select):
-        return f"select({_expr(e.cond, names)}, {_expr(e.true_value, names)}, {_expr(e.false_value, names)})"
+        return f"select({_expr(e.cond, names)}, {_expr(e.true_value, names)}, {_expr(e.false_value, names)})", _ATOM
     if isinstance(e, Call):
-        return f"{e.name}({', '.join(_expr(a, names) for a in e.args)})"
+        # The result dtype is shown where it is not the first argument's (isnan -> bool).
+        ret = "" if e.args and e.args[0].dtype == e.dtype else f"<{e.dtype}>"
+        return f"{e.name}{ret}({', '.join(_expr(a, names) for a in e.args)})", _ATOM
     if isinstance(e, BufferLoad):
-        return f"{names(e.buffer)}[{', '.join(_expr(i, names) for i in e.indices)}]"
+        return f"{names(e.buffer)}[{', '.join(_expr(i, names) for i in e.indices)}]", _ATOM
     raise TypeError(f"unknown loop-IR expression {type(e).__name__}")
 
 
@@ -87,19 +127,30 @@ def _stmt(s: Stmt, names: _Names, indent: int, out: list[str]) -> None:
         s, indent = stack.pop()
         pad = "    " * indent
         if isinstance(s, SeqStmt):
+            if not s.stmts:
+                out.append(f"{pad}pass")
             stack.extend((c, indent) for c in reversed(s.stmts))
         elif isinstance(s, BufferStore):
             idx = ", ".join(_expr(i, names) for i in s.indices)
             out.append(f"{pad}{names(s.buffer)}[{idx}] = {_expr(s.value, names)}")
         elif isinstance(s, For):
-            lo, ext = _expr(s.min, names), _expr(s.extent, names)
-            rng = f"range({ext})" if lo == "0" else f"range({lo}, {lo} + {ext})"
-            kind = "" if s.kind is ForKind.SERIAL else f"  # {s.kind.value}"
-            if s.kind is ForKind.THREAD_BINDING:
-                kind = f"  # bound to {s.thread_tag}"
+            var = names(s.loop_var)
+            ext = _expr(s.extent, names)
+            if isinstance(s.min, IntImm) and s.min.value == 0 and s.min.dtype == s.extent.dtype:
+                rng = f"range({ext})"
+            else:
+                end = s.min + s.extent if s.min.dtype == s.extent.dtype else s.extent
+                rng = f"range({_expr(s.min, names)}, {_expr(end, names)})"
+            if s.kind is ForKind.SERIAL:
+                comment = ""
+            elif s.kind is ForKind.THREAD_BINDING:
+                comment = f"  # bound to {s.thread_tag}"
+            else:
+                comment = f"  # {s.kind.value}"
             if s.annotations:
-                kind += f"  pragmas: {dict(s.annotations)}"
-            out.append(f"{pad}for {names(s.loop_var)} in {rng}:{kind}")
+                pragmas = ", ".join(f"{k}={s.annotations[k]!r}" for k in sorted(s.annotations))
+                comment += f"{'' if comment else '  #'} pragmas: {pragmas}"
+            out.append(f"{pad}for {var} in {rng}:{comment}")
             stack.append((s.body, indent + 1))
         elif isinstance(s, Allocate):
             b = s.buffer
@@ -143,8 +194,15 @@ def func_text(f: PrimFunc) -> str:
     """A PrimFunc as a Python-like `def` with its buffers' shapes and dtypes."""
     names = _Names()
     params = ", ".join(
-        f"{names(b)}: {b.dtype}[{', '.join(_expr(d, names) for d in b.shape)}]" for b in f.params
+        f"{names(b)}: {b.dtype}[{', '.join(_expr(d, names) for d in b.shape)}]"
+        + ("" if b.scope == "global" else f" @ {b.scope}")
+        for b in f.params
     )
     out = [f"def {f.name}({params}):"]
+    size_dtypes = [f"{names(v)}: {v.dtype}" for v in f.size_vars if v.dtype != "int32"]
+    if size_dtypes:
+        out.append(f"    # sizes: {', '.join(size_dtypes)}")
+    if f.attrs:
+        out.append(f"    # attrs: {', '.join(f'{k}={f.attrs[k]!r}' for k in sorted(f.attrs))}")
     _stmt(f.body, names, 1, out)
     return "\n".join(out)

@@ -26,7 +26,7 @@ def _stmts(values: Any) -> tuple[Stmt, ...]:
 
 
 def _indices(values: Any) -> tuple[PrimExpr, ...]:
-    return tuple(values)
+    return tuple(as_expr(v) for v in values)
 
 
 def _buffers(values: Any) -> tuple[Buffer, ...]:

@@ -1,0 +1,410 @@
+"""`te.lower`: a schedule to a `tir.PrimFunc`.
+
+The steps, in order:
+
+1. Buffers: the `args` become the function's parameters; every other stage
+   that is not inlined gets a temporary (`Allocate`) in its scope.
+2. Inlining: inlined stages' expressions are substituted into their readers.
+3. Bound inference, consumers first: a stage at the root covers its whole
+   shape; a stage placed with `compute_at` covers the region its readers
+   touch in one iteration of the loop it is attached to (the readers' inner
+   loops relaxed over their ranges; affine indices give exact regions, other
+   indices fall back to the whole extent). Its temporary is that region.
+4. Loop nests: each stage's leaf axes become `For`s (extents passed down the
+   split/fuse relations, root indices passed back up); reductions store the
+   identity before the first reduction loop and accumulate inside it;
+   iterations past an extent (a non-dividing split, a region past the edge of
+   the tensor) are guarded with `IfThenElse`, placed right inside the loop
+   of the innermost variable they depend on, and left out where the bounds
+   prove them true.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from kiln.te.arith import Lin, free_vars, lin_max, lin_min, lin_of, loads, relax, simplify, substitute, transform
+from kiln.te.schedule import AttachType, Fuse, IterAttr, Schedule, ScheduleError, Split, Stage
+from kiln.te.tensor import IterKind, IterVar, PlaceholderOp, Reduce, Tensor, TensorBuffer
+from kiln.tir import expr as tx
+from kiln.tir.expr import Buffer, BufferLoad, PrimExpr, Var
+from kiln.tir.stmt import Allocate, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
+from kiln.tir.stmt import buffer as tir_buffer
+
+Loops = list[tuple[Var, PrimExpr]]  # (var, extent), innermost first
+
+
+@attrs.define(eq=False)
+class _Info:
+    """What lowering knows about one stage that is not inlined."""
+
+    stage: Stage
+    body: PrimExpr  # the op's body with inlined stages substituted
+    buffer: Buffer | None = None
+    readers: list[Stage] = attrs.field(factory=list)
+    children: dict[IterVar, list[Stage]] = attrs.field(factory=dict)
+    rmin: dict[IterVar, PrimExpr] = attrs.field(factory=dict)  # root axes' region
+    rext: dict[IterVar, PrimExpr] = attrs.field(factory=dict)
+    ext: dict[IterVar, PrimExpr] = attrs.field(factory=dict)  # every axis's loop extent
+    offset: dict[IterVar, PrimExpr] = attrs.field(factory=dict)  # every axis's index in leaf vars
+
+
+def _ceildiv(e: PrimExpr, f: int) -> PrimExpr:
+    lin = lin_of(e)
+    if lin.is_const:
+        return tx.const(-(-lin.const // f))
+    return simplify(e + (f - 1)) // f if f != 1 else e
+
+
+def _conj(conds: Sequence[PrimExpr]) -> PrimExpr:
+    out = conds[0]
+    for c in conds[1:]:
+        out = tx.binary(tx.And, out, c)
+    return out
+
+
+def _proven_lt(hi: Lin | None, limit: PrimExpr) -> bool:
+    if hi is None:
+        return False
+    d = hi - lin_of(limit)
+    return d.is_const and d.const < 0
+
+
+class _Lowering:
+    def __init__(self, sch: Schedule, args: Sequence[Tensor], name: str) -> None:
+        self.sch = sch
+        self.name = name
+        self.params: list[Buffer] = []
+        self.placeholder_bufs: dict[int, Buffer] = {}
+        self.info: dict[Stage, _Info] = {}
+        self.inline_defs: dict[Stage, PrimExpr] = {}
+        arg_stages: dict[Stage, Buffer] = {}
+        for t in args:
+            if not isinstance(t, Tensor):
+                raise ScheduleError(f"lower {name!r}: args must be tensors, got {t!r}")
+            buf = tir_buffer(t.name, t.shape, t.dtype)
+            self.params.append(buf)
+            if isinstance(t.op, PlaceholderOp):
+                self.placeholder_bufs.setdefault(id(t.op), buf)
+                continue
+            stage = sch.stage_of(t)
+            if stage is None:
+                raise ScheduleError(f"lower {name!r}: tensor {t.name!r} is not computed by this schedule")
+            if stage in arg_stages:
+                raise ScheduleError(f"lower {name!r}: tensor {t.name!r} is given twice in args")
+            arg_stages[stage] = buf
+        for t in sch.outputs:
+            if sch[t] not in arg_stages:
+                raise ScheduleError(f"lower {name!r}: output {t.name!r} must be one of args")
+        self.arg_stages = arg_stages
+
+    # -- 1 and 2: buffers, inlining, readers --------------------------------------------
+    def _stage_of_load(self, e: PrimExpr) -> tuple[Tensor, Stage | None] | None:
+        if isinstance(e, BufferLoad) and isinstance(e.buffer, TensorBuffer) and e.buffer.tensor is not None:
+            t = e.buffer.tensor
+            return t, self.sch.stage_of(t)
+        return None
+
+    def _inline(self, body: PrimExpr) -> PrimExpr:
+        def pre(e: PrimExpr) -> PrimExpr | None:
+            hit = self._stage_of_load(e)
+            if hit is None or hit[1] is None or hit[1] not in self.inline_defs:
+                return None
+            assert isinstance(e, BufferLoad)
+            stage = hit[1]
+            indices = [transform(i, pre) for i in e.indices]
+            return substitute(
+                self.inline_defs[stage], {iv.var: i for iv, i in zip(stage.op.axis, indices, strict=True)}
+            )
+
+        return transform(body, pre)
+
+    def _prepare(self) -> list[Stage]:
+        live: list[Stage] = []
+        for st in self.sch.stages:
+            body = self._inline(st.op.body)
+            if st.attach_type is AttachType.INLINE:
+                if st in self.arg_stages:
+                    raise ScheduleError(f"lower {self.name!r}: stage {st.name!r} is an argument and cannot be inlined")
+                self.inline_defs[st] = body
+                continue
+            info = _Info(st, body)
+            if st in self.arg_stages:
+                if st.attach_type is AttachType.SCOPE:
+                    raise ScheduleError(
+                        f"lower {self.name!r}: stage {st.name!r} is an argument; it must be computed at the root"
+                    )
+                info.buffer = self.arg_stages[st]
+            self.info[st] = info
+            live.append(st)
+        for st in live:
+            for ld in loads(self.info[st].body):
+                hit = self._stage_of_load(ld)
+                if hit is None:
+                    continue
+                t, producer = hit
+                if producer is None:
+                    if id(t.op) not in self.placeholder_bufs:
+                        raise ScheduleError(
+                            f"lower {self.name!r}: stage {st.name!r} reads placeholder {t.name!r}, which is not in args"
+                        )
+                    continue
+                readers = self.info[producer].readers
+                if st not in readers:
+                    readers.append(st)
+        for st in live:
+            if st.attach_type is AttachType.SCOPE:
+                parent, iv = st.attach_stage, st.attach_ivar
+                assert parent is not None and iv is not None
+                if parent not in self.info:
+                    raise ScheduleError(f"stage {st.name!r} is computed at stage {parent.name!r}, which is inlined")
+                if not any(x is iv for x in parent.leaf_iter_vars):
+                    raise ScheduleError(
+                        f"stage {st.name!r} is computed at axis {iv.name!r} of stage {parent.name!r}, "
+                        "which is no longer a leaf axis there (it was split or fused afterwards)"
+                    )
+                self.info[parent].children.setdefault(iv, []).append(st)
+        return live
+
+    # -- 3: bounds ----------------------------------------------------------------------
+    def _leaf_loops(self, st: Stage, start: int, stop: int) -> Loops:
+        info = self.info[st]
+        return [(iv.var, info.ext[iv]) for iv in reversed(st.leaf_iter_vars[start:stop])]
+
+    def _loops_inside(self, reader: Stage, st: Stage) -> Loops:
+        """The loops that run inside `st`'s attach loop and around `reader`'s reads, innermost first."""
+        parent, iv = st.attach_stage, st.attach_ivar
+        assert parent is not None and iv is not None
+        a = parent.leaf_iter_vars.index(iv)
+        if reader is parent:
+            return self._leaf_loops(parent, a + 1, len(parent.leaf_iter_vars))
+        loops = self._leaf_loops(reader, 0, len(reader.leaf_iter_vars))
+        x = reader
+        while True:
+            y, b_iv = x.attach_stage, x.attach_ivar
+            if x.attach_type is not AttachType.SCOPE or y is None or b_iv is None:
+                break
+            b = y.leaf_iter_vars.index(b_iv)
+            if y is parent:
+                if b >= a:
+                    return loops + self._leaf_loops(parent, a + 1, b + 1)
+                break
+            loops += self._leaf_loops(y, 0, b + 1)
+            x = y
+        raise ScheduleError(
+            f"stage {st.name!r} is computed at axis {iv.name!r} of stage {parent.name!r}, but stage "
+            f"{reader.name!r} reads it outside that loop; compute {reader.name!r} inside it too, or "
+            f"compute {st.name!r} at the root"
+        )
+
+    def _enclosing(self, st: Stage) -> Loops:
+        """Every loop around `st`'s own nest, innermost first."""
+        loops: Loops = []
+        x = st
+        while x.attach_type is AttachType.SCOPE and x.attach_stage is not None and x.attach_ivar is not None:
+            y = x.attach_stage
+            loops += self._leaf_loops(y, 0, y.leaf_iter_vars.index(x.attach_ivar) + 1)
+            x = y
+        return loops
+
+    def _root_values(self, st: Stage) -> dict[Var, PrimExpr]:
+        info = self.info[st]
+        return {iv.var: simplify(info.rmin[iv] + info.offset[iv]) for iv in info.rmin}
+
+    def _infer_region(self, st: Stage) -> None:
+        info = self.info[st]
+        op = st.op
+        full = [False] * len(op.axis)
+        lo: list[Lin | None] = [None] * len(op.axis)
+        hi: list[Lin | None] = [None] * len(op.axis)
+        for reader in info.readers:
+            loops = self._loops_inside(reader, st)
+            vmap = self._root_values(reader)
+            for ld in loads(self.info[reader].body):
+                hit = self._stage_of_load(ld)
+                if hit is None or hit[1] is not st:
+                    continue
+                for d, index in enumerate(ld.indices):
+                    rng = relax(substitute(index, vmap), loops)
+                    if rng is None:
+                        full[d] = True
+                        continue
+                    old_lo, old_hi = lo[d], hi[d]
+                    lo[d] = rng[0] if old_lo is None else lin_min(old_lo, rng[0])
+                    hi[d] = rng[1] if old_hi is None else lin_max(old_hi, rng[1])
+        for d, iv in enumerate(op.axis):
+            dlo, dhi = lo[d], hi[d]
+            assert iv.dom is not None
+            if full[d] or dlo is None or dhi is None:
+                info.rmin[iv], info.rext[iv] = iv.dom.min, iv.dom.extent
+            else:
+                info.rmin[iv], info.rext[iv] = dlo.to_expr(), (dhi - dlo + 1).to_expr()
+
+    def _bounds(self, st: Stage) -> None:
+        info = self.info[st]
+        if st.attach_type is AttachType.SCOPE:
+            self._infer_region(st)
+        else:
+            for iv in st.op.axis:
+                assert iv.dom is not None
+                info.rmin[iv], info.rext[iv] = iv.dom.min, iv.dom.extent
+        for iv in st.op.reduce_axis:
+            assert iv.dom is not None
+            info.rmin[iv], info.rext[iv] = iv.dom.min, iv.dom.extent
+        ext = info.ext
+        ext.update(info.rext)
+        for rel in st.relations:
+            if isinstance(rel, Split):
+                if rel.factor is not None:
+                    ext[rel.outer], ext[rel.inner] = _ceildiv(ext[rel.parent], rel.factor), tx.const(rel.factor)
+                else:
+                    assert rel.nparts is not None
+                    ext[rel.outer], ext[rel.inner] = tx.const(rel.nparts), _ceildiv(ext[rel.parent], rel.nparts)
+            else:
+                ext[rel.fused] = simplify(ext[rel.outer] * ext[rel.inner])
+        off = info.offset
+        off.update({iv: iv.var for iv in st.leaf_iter_vars})
+        for rel in reversed(st.relations):
+            if isinstance(rel, Split):
+                off[rel.parent] = simplify(off[rel.outer] * ext[rel.inner] + off[rel.inner])
+            elif isinstance(rel, Fuse):
+                inner_ext = ext[rel.inner]
+                if isinstance(inner_ext, tx.IntImm) and inner_ext.value == 1:
+                    off[rel.outer], off[rel.inner] = off[rel.fused], tx.const(0)
+                else:
+                    off[rel.outer], off[rel.inner] = off[rel.fused] // inner_ext, off[rel.fused] % inner_ext
+        if info.buffer is None:
+            shape = [info.rext[iv] for iv in st.op.axis]
+            info.buffer = tir_buffer(st.name, shape, st.op.dtype, st.scope)
+
+    def _guards(self, st: Stage) -> list[PrimExpr]:
+        """The conditions under which a leaf iteration is inside the stage's region and the tensor."""
+        info = self.info[st]
+        own = self._leaf_loops(st, 0, len(st.leaf_iter_vars))
+        outer = self._enclosing(st) if st.attach_type is AttachType.SCOPE else []
+        conds: list[PrimExpr] = []
+        for iv in [*st.op.axis, *st.op.reduce_axis]:
+            offset = simplify(info.offset[iv])
+            rng = relax(offset, own)
+            if not _proven_lt(None if rng is None else rng[1], info.rext[iv]):
+                conds.append(offset < info.rext[iv])
+            if outer and iv.kind is IterKind.DATA_PAR:
+                assert iv.dom is not None
+                value = simplify(info.rmin[iv] + offset)
+                rng = relax(value, own + outer)
+                if not _proven_lt(None if rng is None else rng[1], iv.dom.extent):
+                    conds.append(value < iv.dom.extent)
+                if rng is None or not (rng[0].is_const and rng[0].const >= 0):
+                    conds.append(value >= 0)
+        return conds
+
+    # -- 4: loop nests ------------------------------------------------------------------
+    def _rewrite_loads(self, e: PrimExpr) -> PrimExpr:
+        def pre(x: PrimExpr) -> PrimExpr | None:
+            hit = self._stage_of_load(x)
+            if hit is None:
+                return None
+            assert isinstance(x, BufferLoad)
+            t, producer = hit
+            indices = [transform(i, pre) for i in x.indices]
+            if producer is None:
+                return self.placeholder_bufs[id(t.op)].load(*indices)
+            info = self.info[producer]
+            assert info.buffer is not None
+            shifted = [simplify(i - info.rmin[iv]) for i, iv in zip(indices, producer.op.axis, strict=True)]
+            return info.buffer.load(*shifted)
+
+        return transform(e, pre)
+
+    def _nest(
+        self, st: Stage, loops: list[tuple[IterVar, Var]], inner: Stmt, conds: list[PrimExpr], attach: bool
+    ) -> Stmt:
+        info = self.info[st]
+        pos = {id(v): n for n, (_, v) in enumerate(loops)}
+        at_level: dict[int, list[PrimExpr]] = {}
+        for c in conds:
+            level = max((pos[id(v)] for v in free_vars(c) if id(v) in pos), default=-1)
+            at_level.setdefault(level, []).append(c)
+        stmt = inner
+        for n in reversed(range(len(loops))):
+            iv, v = loops[n]
+            if attach:
+                for child in reversed(info.children.get(iv, [])):
+                    child_buf = self.info[child].buffer
+                    assert child_buf is not None
+                    stmt = Allocate(child_buf, seq(self._emit(child), stmt))
+            if n in at_level:
+                stmt = IfThenElse(_conj(at_level[n]), stmt)
+            attr = st.iter_attrs.get(iv) or IterAttr()
+            stmt = For(v, tx.const(0), info.ext[iv], attr.kind, stmt, attr.thread_tag, dict(attr.pragmas))
+        if -1 in at_level:
+            stmt = IfThenElse(_conj(at_level[-1]), stmt)
+        return stmt
+
+    def _emit(self, st: Stage) -> Stmt:
+        info = self.info[st]
+        buf = info.buffer
+        assert buf is not None
+        leaves = st.leaf_iter_vars
+        index = [simplify(info.offset[iv]) for iv in st.op.axis]
+        body = self._rewrite_loads(substitute(info.body, self._root_values(st)))
+        conds = self._guards(st)
+        if not isinstance(body, Reduce):
+            loops = [(iv, iv.var) for iv in leaves]
+            return self._nest(st, loops, BufferStore(buf, body, index), conds, attach=True)
+        first = next(n for n, iv in enumerate(leaves) if iv.kind is IterKind.REDUCE)
+        rest_vars = {id(iv.var) for iv in leaves[first:]}
+        reduce_vars = {id(iv.var) for iv in leaves if iv.kind is IterKind.REDUCE}
+        common_conds = [c for c in conds if not any(id(v) in rest_vars for v in free_vars(c))]
+        rest_conds = [c for c in conds if any(id(v) in rest_vars for v in free_vars(c))]
+        init_axes = [iv for iv in leaves[first:] if iv.kind is not IterKind.REDUCE]
+        fresh: dict[Var, Var] = {iv.var: Var(iv.var.name, iv.var.dtype) for iv in init_axes}
+        init_loops = [(iv, fresh[iv.var]) for iv in init_axes]
+        init_conds = [substitute(c, fresh) for c in rest_conds if not any(id(v) in reduce_vars for v in free_vars(c))]
+        init = BufferStore(buf, body.combiner.identity(body.dtype), [substitute(i, fresh) for i in index])
+        update: Stmt = BufferStore(buf, body.combiner.combine(buf.load(*index), body.source), index)
+        if not (isinstance(body.condition, tx.IntImm) and body.condition.value):
+            update = IfThenElse(body.condition, update)
+        init_nest = self._nest(st, init_loops, init, init_conds, attach=False)
+        update_nest = self._nest(st, [(iv, iv.var) for iv in leaves[first:]], update, rest_conds, attach=True)
+        common = [(iv, iv.var) for iv in leaves[:first]]
+        return self._nest(st, common, seq(init_nest, update_nest), common_conds, attach=True)
+
+    def run(self) -> PrimFunc:
+        live = self._prepare()
+        for st in reversed(live):
+            self._bounds(st)
+        roots = [st for st in live if st.attach_type is AttachType.ROOT]
+        body = seq(*[self._emit(st) for st in roots])
+        for st in reversed(roots):
+            buf = self.info[st].buffer
+            if st not in self.arg_stages and buf is not None:
+                body = Allocate(buf, body)
+        return PrimFunc(self.name, self.params, body)
+
+
+def lower(sch: Schedule, args: Sequence[Tensor], name: str = "main") -> PrimFunc:
+    """Lowers a schedule to loop IR.
+
+    Args:
+        sch: the schedule (`te.create_schedule`).
+        args: the tensors that become the function's buffer parameters, in
+            order: every placeholder read and every output of the schedule.
+        name: the function's name.
+
+    Returns:
+        The `tir.PrimFunc`.
+
+    Raises:
+        ScheduleError: for args that do not cover the inputs and outputs, and
+            placements that cannot be honoured (a stage read outside the loop it
+            is computed at, an output inlined or attached).
+    """
+    if not isinstance(sch, Schedule):
+        raise ScheduleError(f"lower {name!r}: expected a Schedule, got {sch!r}")
+    return _Lowering(sch, args, name).run()
+
+
+__all__ = ["lower"]
