@@ -1,4 +1,9 @@
-"""Code generation: loop IR to LLVM machine code and to CUDA C.
+"""Code generation: loop IR to LLVM machine code (and, later, to CUDA C).
 
-Empty until its issue lands; DESIGN.md says what lives here.
+`llvm` turns a PrimFunc into LLVM IR, `llvm_math` supplies vectorizable math,
+`jit` optimizes, emits and loads machine code, `cache` keeps compiled kernels.
 """
+
+from kiln.codegen.jit import CodegenError, UnresolvedSymbolError
+
+__all__ = ["CodegenError", "UnresolvedSymbolError"]

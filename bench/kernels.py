@@ -1,0 +1,162 @@
+"""kiln's kernels beside numpy on the same data, in one run: elementwise, row sum, matmul.
+
+Prints each median time and the ratio (numpy time / kiln time: higher is
+better for kiln). numpy's matmul is also timed in a subprocess without
+OPENBLAS_CORETYPE (this machine's environment pins OpenBLAS to its AVX2
+kernels); the faster of the two is the bar.
+
+The bars from the issue: elementwise >= 6x numpy, row sum >= 2x numpy,
+matmul >= 0.5x the faster numpy.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import kiln
+from kiln import te
+from kiln.target import Target
+
+
+def median_time(fn: Callable[[], object], repeat: int = 7, warmup: int = 2) -> float:
+    """The median wall time of `fn()` over `repeat` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def elementwise_kernel(n: int) -> kiln.runtime.module.Module:
+    """y = sigmoid(x * 2 + 1) * tanh(x), fused, parallel over chunks, vectorized 16 wide."""
+    X = te.placeholder((n,), name="x")
+    Y = te.compute((n,), lambda i: te.sigmoid(X[i] * 2.0 + 1.0) * te.tanh(X[i]), name="y")
+    s = te.create_schedule(Y)
+    outer, inner = s[Y].split(Y.op.axis[0], factor=16 * 64)
+    s[Y].parallel(outer)
+    s[Y].vectorize(inner)
+    return kiln.build(s, [X, Y], name="fused_elementwise")
+
+
+def row_sum_kernel(rows: int, cols: int, lanes: int = 32) -> kiln.runtime.module.Module:
+    """sum(axis=-1): per row, `lanes` partial sums vectorized along the row, then a short final sum."""
+    A = te.placeholder((rows, cols), name="a")
+    ko = te.reduce_axis((0, cols // lanes), name="ko")
+    partial = te.compute((rows, lanes), lambda i, j: te.sum(A[i, ko * lanes + j], axis=ko), name="partial")
+    ki = te.reduce_axis((0, lanes), name="ki")
+    out = te.compute((rows,), lambda i: te.sum(partial[i, ki], axis=ki), name="row_sum")
+    s = te.create_schedule(out)
+    s[out].parallel(out.op.axis[0])
+    s[partial].compute_at(s[out], out.op.axis[0])
+    pi, pj = s[partial].op.axis
+    s[partial].reorder(pi, s[partial].op.reduce_axis[0], pj)
+    s[partial].vectorize(pj)
+    return kiln.build(s, [A, out], name="row_sum")
+
+
+def matmul_kernel(m: int, n: int, k: int, bn: int = 32, bm: int = 8, kb: int = 4) -> kiln.runtime.module.Module:
+    """C = A @ B: B packed into (n/bn, k, bn) panels, C tiled bm x bn in registers, vectorized over bn."""
+    A = te.placeholder((m, k), name="A")
+    B = te.placeholder((k, n), name="B")
+    packed = te.compute((n // bn, k, bn), lambda x, y, z: B[y, x * bn + z], name="packedB")
+    r = te.reduce_axis((0, k), name="k")
+    C = te.compute(
+        (m, n), lambda i, j: te.sum(A[i, r] * packed[j // bn, r, j % bn], axis=r), name="C"
+    )
+    s = te.create_schedule(C)
+    CC = s.cache_write(C, "local")
+    mo, no, _, ni = s[C].tile(*s[C].op.axis, bm, bn)
+    s[C].parallel(mo)
+    s[C].vectorize(ni)
+    s[CC].compute_at(s[C], no)
+    ci, cj = s[CC].op.axis
+    ko, ki = s[CC].split(s[CC].op.reduce_axis[0], factor=kb)
+    s[CC].reorder(ko, ki, ci, cj)
+    s[CC].unroll(ci)
+    s[CC].vectorize(cj)
+    px, _, pz = s[packed].op.axis
+    s[packed].parallel(px)
+    s[packed].vectorize(pz)
+    return kiln.build(s, [A, B, C], name="matmul")
+
+
+_NUMPY_MATMUL = """
+import time, statistics, numpy as np
+rng = np.random.default_rng(0)
+a = rng.random(({m}, {k}), dtype=np.float32); b = rng.random(({k}, {n}), dtype=np.float32)
+a @ b
+t = []
+for _ in range(7):
+    s = time.perf_counter(); a @ b; t.append(time.perf_counter() - s)
+print(statistics.median(t))
+"""
+
+
+def numpy_matmul_without_coretype(m: int, n: int, k: int) -> float:
+    """numpy's matmul time in a subprocess with OPENBLAS_CORETYPE removed."""
+    env = {key: v for key, v in os.environ.items() if key != "OPENBLAS_CORETYPE"}
+    code = _NUMPY_MATMUL.format(m=m, n=n, k=k)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    host = Target("llvm")
+    print(f"host: {host['mcpu']}, {host['num-cores']} cores; numpy {np.__version__}")
+    rows = []
+
+    n = 1 << 24
+    x = rng.standard_normal(n).astype(np.float32)
+    y = np.empty_like(x)
+    mod = elementwise_kernel(n)
+    mod(x, y)
+    expected = (1 / (1 + np.exp(-(x * 2 + 1)))) * np.tanh(x)
+    assert np.allclose(y, expected, atol=1e-5), "elementwise result differs from numpy"
+    t_np = median_time(lambda: (1 / (1 + np.exp(-(x * 2 + 1)))) * np.tanh(x))
+    t_k = median_time(lambda: mod(x, y))
+    rows.append(("sigmoid(x*2+1)*tanh(x), 2^24 f32", t_np, t_k, 6.0, "zmm" in mod.get_source("asm")))
+
+    a = rng.standard_normal((4096, 4096)).astype(np.float32)
+    out = np.empty(4096, np.float32)
+    mod = row_sum_kernel(4096, 4096)
+    mod(a, out)
+    assert np.allclose(out, a.sum(axis=-1), rtol=1e-3, atol=1e-2), "row sum differs from numpy"
+    t_np = median_time(lambda: a.sum(axis=-1))
+    t_k = median_time(lambda: mod(a, out))
+    rows.append(("sum(axis=-1), 4096x4096 f32", t_np, t_k, 2.0, "zmm" in mod.get_source("asm")))
+
+    size = 1024
+    a = rng.random((size, size), dtype=np.float32)
+    b = rng.random((size, size), dtype=np.float32)
+    c = np.empty((size, size), np.float32)
+    mod = matmul_kernel(size, size, size)
+    mod(a, b, c)
+    assert np.allclose(c, a @ b, rtol=1e-3), "matmul differs from numpy"
+    t_np_env = median_time(lambda: a @ b)
+    t_np_free = numpy_matmul_without_coretype(size, size, size)
+    t_np = min(t_np_env, t_np_free)
+    t_k = median_time(lambda: mod(a, b, c))
+    gflops = 2 * size**3 / t_k / 1e9
+    rows.append((f"matmul 1024^3 f32 ({gflops:.0f} GFLOP/s)", t_np, t_k, 0.5, "zmm" in mod.get_source("asm")))
+    print(f"  numpy matmul: {t_np_env * 1e3:.2f} ms with OPENBLAS_CORETYPE, {t_np_free * 1e3:.2f} ms without")
+
+    print(f"{'kernel':42} {'numpy ms':>9} {'kiln ms':>9} {'ratio':>7} {'bar':>5}  zmm")
+    for name, t_np, t_k, bar, zmm in rows:
+        ratio = t_np / t_k
+        flag = "ok" if ratio >= bar else "BELOW"
+        print(f"{name:42} {t_np * 1e3:9.2f} {t_k * 1e3:9.2f} {ratio:7.2f} {bar:5.1f}  {zmm}  {flag}")
+
+
+if __name__ == "__main__":
+    main()

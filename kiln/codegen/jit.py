@@ -1,0 +1,223 @@
+"""LLVM machinery: target machines, the O3 pipeline, object code and JIT engines.
+
+Each compiled kernel lives in its own MCJIT `ExecutionEngine`, built from an
+empty module plus the kernel's object code, and owning its own target machine.
+The engine is disposed of when the `runtime.Module` that holds it is garbage
+collected, so compiling and dropping many kernels does not grow memory without
+bound (MCJIT never frees code on its own).
+
+Every external symbol that a kernel needs is looked up in the process before
+the kernel can be called: MCJIT would otherwise bind it to address 0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import llvmlite.binding as llvm
+
+from kiln.errors import KilnError
+from kiln.target import Target
+
+
+class CodegenError(KilnError, ValueError):
+    """Loop IR that the LLVM back end cannot compile, or LLVM rejecting what it produced."""
+
+
+class UnresolvedSymbolError(KilnError, LookupError):
+    """A JIT-compiled kernel calls a symbol that no loaded library defines."""
+
+    def __str__(self) -> str:  # LookupError would otherwise repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+_LOCK = threading.Lock()
+_INITIALIZED = False
+
+
+def initialize() -> None:
+    """Initializes LLVM's native target once per process and loads the libraries kernels call."""
+    global _INITIALIZED
+    with _LOCK:
+        if _INITIALIZED:
+            return
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        llvm.initialize_native_asmparser()
+        for lib in ("m", "gomp"):
+            path = ctypes.util.find_library(lib)
+            if path is not None:
+                llvm.load_library_permanently(path)
+        _INITIALIZED = True
+
+
+@functools.cache
+def have_openmp() -> bool:
+    """Whether libgomp (the runtime of parallel loops) is loaded and resolves `GOMP_parallel`."""
+    initialize()
+    return llvm.address_of_symbol("GOMP_parallel") not in (None, 0)
+
+
+def target_triple(target: Target) -> str:
+    """The LLVM triple of an llvm target."""
+    return str(target.get("mtriple") or llvm.get_process_triple())
+
+
+def cpu_and_features(target: Target) -> tuple[str, str]:
+    """The target's CPU name and its comma-separated feature string."""
+    return str(target.get("mcpu") or ""), ",".join(target.get("mattr") or ())
+
+
+def has_feature(target: Target, feature: str) -> bool:
+    """Whether `feature` (without its sign, e.g. "avx512f") is enabled on `target`."""
+    return f"+{feature}" in (target.get("mattr") or ())
+
+
+def create_target_machine(target: Target) -> Any:
+    """A new `llvm.TargetMachine` for `target`: its CPU, features and opt level (never a generic one).
+
+    A fresh machine is needed per execution engine, which takes ownership of it.
+    """
+    initialize()
+    cpu, features = cpu_and_features(target)
+    llvm_target = llvm.Target.from_triple(target_triple(target))
+    opt = int(target.get("opt-level", 3))
+    return llvm_target.create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic",
+                                             codemodel="jitdefault", jit=True)
+
+
+def optimize(text: str, target: Target, context: Any = None) -> tuple[Any, Any]:
+    """Parses, verifies, and optimizes LLVM IR text; returns (module, target machine).
+
+    Give a fresh `llvm.create_context()` (closed after the module) so that the
+    constants and types of many kernels do not pile up in LLVM's global context.
+
+    The module is verified before optimization, then run through the new pass
+    builder's O-level pipeline with loop and SLP vectorization on.
+
+    Raises:
+        CodegenError: when LLVM rejects the IR (a bug of the code generator).
+    """
+    initialize()
+    try:
+        mod = llvm.parse_assembly(text, context=context)
+        mod.verify()
+    except RuntimeError as exc:
+        raise CodegenError(f"LLVM rejected the generated IR: {exc}\n{_numbered(text)}") from exc
+    tm = create_target_machine(target)
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    level = int(target.get("opt-level", 3))
+    pto = llvm.create_pipeline_tuning_options(speed_level=level)  # size level 0 (no -Os)
+    pto.loop_vectorization = level >= 2
+    pto.slp_vectorization = level >= 2
+    pto.loop_unrolling = level >= 2
+    pb = llvm.create_pass_builder(tm, pto)
+    mpm = pb.getModulePassManager()
+    mpm.run(mod, pb)
+    mpm.close()  # each of the three holds native memory until closed (80 KB a kernel otherwise)
+    pb.close()
+    pto.close()
+    return mod, tm
+
+
+def _numbered(text: str, limit: int = 200) -> str:
+    lines = text.splitlines()[:limit]
+    return "\n".join(f"{i + 1:4d}  {line}" for i, line in enumerate(lines))
+
+
+# Intrinsics that become calls into libm / libc when LLVM cannot expand them.
+_LIBCALLS = {
+    "sin": "sin", "cos": "cos", "pow": "pow", "exp": "exp", "log": "log", "exp2": "exp2", "log2": "log2",
+    "log10": "log10", "exp10": "exp10",
+}
+
+
+def external_symbols(mod: Any) -> list[str]:
+    """Names the optimized module needs from outside: declared functions and the libm calls of intrinsics."""
+    names: set[str] = set()
+    for fn in mod.functions:
+        if not fn.is_declaration:
+            continue
+        name = fn.name
+        m = re.fullmatch(r"llvm\.(\w+)\.(f32|f64|v\d+f32|v\d+f64)", name)
+        if m and m.group(1) in _LIBCALLS:
+            base = _LIBCALLS[m.group(1)]
+            names.add(base + "f" if m.group(2).endswith("f32") else base)
+        elif name.startswith("llvm.memset"):
+            names.add("memset")
+        elif name.startswith(("llvm.memcpy", "llvm.memmove")):
+            names.add("memcpy" if "memcpy" in name else "memmove")
+        elif not name.startswith("llvm."):
+            names.add(name)
+    return sorted(names)
+
+
+def check_symbols(names: Iterable[str], kernel: str) -> None:
+    """Raises `UnresolvedSymbolError` unless every symbol in `names` resolves in this process.
+
+    Args:
+        names: symbol names the kernel calls.
+        kernel: the kernel's name, for the message.
+    """
+    initialize()
+    missing = [n for n in names if not llvm.address_of_symbol(n)]
+    if missing:
+        raise UnresolvedSymbolError(
+            f"kernel {kernel!r} calls symbol(s) that no loaded library defines: {', '.join(missing)} "
+            "(MCJIT would call address 0); load the library that defines them first"
+        )
+
+
+def emit_object(mod: Any, tm: Any) -> bytes:
+    """Machine code of an optimized module, as a relocatable object file."""
+    return bytes(tm.emit_object(mod))
+
+
+def emit_assembly(mod: Any, tm: Any) -> str:
+    """Assembly text of an optimized module."""
+    return str(tm.emit_assembly(mod))
+
+
+class Engine:
+    """One MCJIT engine holding one kernel's object code; `close()` frees the code."""
+
+    def __init__(self, obj: bytes, target: Target, symbols: Iterable[str], kernel: str) -> None:
+        initialize()
+        check_symbols(symbols, kernel)
+        tm = create_target_machine(target)
+        empty = llvm.parse_assembly("")
+        empty.triple = tm.triple
+        self._ee = llvm.create_mcjit_compiler(empty, tm)  # owns tm and the empty module
+        self._ee.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        self._ee.finalize_object()
+        self._lock = threading.Lock()
+
+    def address(self, name: str) -> int:
+        """The address of function `name` in the engine's code.
+
+        Raises:
+            UnresolvedSymbolError: when the object code has no such function.
+        """
+        addr = int(self._ee.get_function_address(name))
+        if not addr:
+            raise UnresolvedSymbolError(f"the compiled code defines no function {name!r}")
+        return addr
+
+    def close(self) -> None:
+        """Frees the engine and its code; functions taken from it must not be called afterwards."""
+        with self._lock:
+            if not self._ee.closed:
+                self._ee.close()
+
+
+def new_context() -> Any:
+    """A fresh LLVM context, to be closed once the modules parsed in it are closed."""
+    initialize()
+    return llvm.create_context()

@@ -1,0 +1,564 @@
+"""Loop IR to LLVM IR (llvmlite.ir), one `PrimFunc` per LLVM module.
+
+The kernel ABI: `void name(T0* noalias p0, ..., i64 s0, ...)`: one pointer per
+buffer parameter, in order, then one int64 per symbolic dim
+(`PrimFunc.size_vars`, first-seen order). Buffers are flattened to 1-D
+row-major (`kiln.tir.flatten`) and indexed with int64 offsets.
+
+Choices, and why:
+- Loops are emitted as phi loops; VECTORIZED loops carry `llvm.loop.vectorize.*`
+  metadata (width: the vector register over the widest stored element, capped by a
+  small constant extent), UNROLLED loops of constant extent <= 64 are unrolled here,
+  others get `llvm.loop.unroll.enable`.
+- PARALLEL loops are outlined into a body function (noalias pointer params, so the
+  alias facts survive) and a trampoline that libgomp's `GOMP_parallel` runs on
+  `num-cores` threads, each taking one contiguous block of iterations. Chosen
+  by measurement over a Python thread pool calling chunk functions through
+  ctypes: see the report in `kiln/build.py`. A parallel loop inside another one
+  runs serially. Without libgomp, parallel loops run serially.
+- Floating-point add/sub/mul carry `reassoc contract` (reductions vectorize, a*b+c
+  fuses to fma); no `nnan`/`ninf`/`nsz`, so inf and NaN behave as in numpy.
+  Signed int32/int64 add/sub/mul carry `nsw` (their overflow is undefined, as in C
+  and TVM: index arithmetic then widens and vectorizes); int8/int16/uint8 wrap.
+- Integer division and modulo by zero give 0 (as numpy), never a trap; float to int
+  casts saturate (`llvm.fptosi.sat`), NaN to 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import llvmlite.ir as ir
+
+from kiln.codegen import jit, llvm_math
+from kiln.target import Target
+from kiln.tir.expr import (
+    EQ,
+    GE,
+    GT,
+    LE,
+    LT,
+    NE,
+    Add,
+    And,
+    BinaryOp,
+    BufferLoad,
+    Call,
+    Cast,
+    Div,
+    FloatImm,
+    FloorDiv,
+    FloorMod,
+    IntImm,
+    Max,
+    Min,
+    Mul,
+    Not,
+    Or,
+    PrimExpr,
+    Select,
+    Sub,
+    Var,
+    is_float,
+)
+from kiln.tir.flatten import flatten
+from kiln.tir.stmt import (
+    Allocate,
+    BufferStore,
+    Evaluate,
+    For,
+    ForKind,
+    IfThenElse,
+    LetStmt,
+    PrimFunc,
+    SeqStmt,
+    Stmt,
+)
+
+CodegenError = jit.CodegenError
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+PTR = ir.PointerType()
+
+# dtype -> (register type, memory type, bits in memory)
+_TYPES: dict[str, tuple[ir.Type, ir.Type, int]] = {
+    "float32": (llvm_math.F32, llvm_math.F32, 32),
+    "float64": (llvm_math.F64, llvm_math.F64, 64),
+    "int8": (I8, I8, 8),
+    "int16": (ir.IntType(16), ir.IntType(16), 16),
+    "int32": (I32, I32, 32),
+    "int64": (I64, I64, 64),
+    "uint8": (I8, I8, 8),
+    "bool": (I1, I8, 8),
+}
+_FLOAT_FLAGS = ("reassoc", "contract")
+_CMP = {EQ: "==", NE: "!=", LT: "<", LE: "<=", GT: ">", GE: ">="}
+_UNROLL_LIMIT = 64
+
+
+def supported_dtypes() -> tuple[str, ...]:
+    """The dtypes the LLVM back end compiles."""
+    return tuple(_TYPES)
+
+
+def _reg(dtype: str) -> ir.Type:
+    try:
+        return _TYPES[dtype][0]
+    except KeyError:
+        raise CodegenError(f"the llvm back end does not support dtype {dtype!r}; "
+                           f"supported: {', '.join(_TYPES)}") from None
+
+
+def _mem(dtype: str) -> ir.Type:
+    _reg(dtype)
+    return _TYPES[dtype][1]
+
+
+def _signed(dtype: str) -> bool:
+    return not dtype.startswith("uint") and dtype != "bool"
+
+
+class _LoopMD(ir.values.MDValue):  # type: ignore[misc]  # llvmlite has no stubs
+    """A distinct, self-referential loop ID: `!N = distinct !{!N, props...}`."""
+
+    def __init__(self, module: ir.Module, props: list[Any]) -> None:
+        super().__init__(module, [], name=str(len(module.metadata)))
+        self.operands = (self, *props)
+
+    def descr(self, buf: list[str]) -> None:
+        buf.append("distinct ")
+        super().descr(buf)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+class _Func:
+    """The state of the function being emitted: builder, alloca point, bound vars and buffers."""
+
+    def __init__(self, fn: ir.Function) -> None:
+        self.fn = fn
+        # Allocas live in their own entry block, so that inserting one never moves the main builder.
+        entry = fn.append_basic_block("allocas")
+        start = fn.append_basic_block("entry")
+        self.alloca_builder = ir.IRBuilder(entry)
+        self._alloca_end = self.alloca_builder.branch(start)
+        self.builder = ir.IRBuilder(start)
+        self.vars: dict[int, ir.Value] = {}
+        self.bufs: dict[int, ir.Value] = {}
+        self.in_parallel = False
+
+    def alloca(self, ty: ir.Type, count: int | None, name: str) -> ir.Value:
+        """A stack slot in the entry block (so LLVM promotes it to registers)."""
+        self.alloca_builder.position_before(self._alloca_end)
+        return self.alloca_builder.alloca(ty, size=None if count is None else I64(count), name=name)
+
+
+class CodeGenLLVM:
+    """Emits one PrimFunc as an LLVM module for one llvm `Target`."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.cpu, self.features = jit.cpu_and_features(target)
+        if jit.has_feature(target, "avx512f"):
+            self.vector_bits = 512
+        elif jit.has_feature(target, "avx2") or jit.has_feature(target, "avx"):
+            self.vector_bits = 256
+        else:
+            self.vector_bits = 128
+        self.num_threads = int(target.get("num-cores", 1))
+        self.module = ir.Module()
+        self.f: _Func
+        self._par_count = 0
+
+    # -- module and functions -------------------------------------------------------------
+
+    def compile(self, func: PrimFunc) -> str:
+        """The LLVM IR text of `func` (before optimization)."""
+        size_vars = func.size_vars
+        flat = flatten(func)
+        self.module = ir.Module(name=func.name)
+        self.module.triple = jit.target_triple(self.target)
+        args = [PTR] * len(flat.params) + [I64] * len(size_vars)
+        fn = self._function(func.name, ir.FunctionType(ir.VoidType(), args), internal=False)
+        self.f = _Func(fn)
+        for i, buf in enumerate(flat.params):
+            fn.args[i].name = buf.name
+            self.f.bufs[id(buf)] = fn.args[i]
+        for j, var in enumerate(size_vars):
+            arg = fn.args[len(flat.params) + j]
+            arg.name = var.name
+            self.f.vars[id(var)] = self._int_resize(arg, "int64", var.dtype)
+        self.stmt(flat.body)
+        self.f.builder.ret_void()
+        return str(self.module)
+
+    def _function(self, name: str, fnty: ir.FunctionType, internal: bool) -> ir.Function:
+        fn = ir.Function(self.module, fnty, name)
+        for a in fn.args:
+            if a.type == PTR:
+                a.add_attribute("noalias")
+        if internal:
+            fn.linkage = "internal"
+        attrs = fn.attributes
+        attrs.add("nounwind")
+        # String attributes are not in llvmlite's list of known ones; they print as given.
+        set.add(attrs, f'"target-cpu"="{self.cpu}"')
+        if self.features:
+            set.add(attrs, f'"target-features"="{self.features}"')
+        if self.vector_bits == 512:
+            set.add(attrs, '"prefer-vector-width"="512"')
+        return fn
+
+    # -- statements ------------------------------------------------------------------------
+
+    def stmt(self, s: Stmt) -> None:
+        """Emits statement `s` at the builder's position."""
+        b = self.f.builder
+        if isinstance(s, SeqStmt):
+            for c in s.stmts:
+                self.stmt(c)
+        elif isinstance(s, BufferStore):
+            value = self.expr(s.value)
+            if s.buffer.dtype == "bool":
+                value = b.zext(value, I8)
+            ptr = self._address(s.buffer, s.indices[0])
+            b.store(value, ptr, align=_TYPES[s.buffer.dtype][2] // 8)
+        elif isinstance(s, For):
+            self._for(s)
+        elif isinstance(s, Allocate):
+            self._allocate(s)
+        elif isinstance(s, IfThenElse):
+            cond = self.expr(s.cond)
+            if s.else_case is None:
+                with b.if_then(cond):
+                    self.stmt(s.then_case)
+            else:
+                with b.if_else(cond) as (then, otherwise):
+                    with then:
+                        self.stmt(s.then_case)
+                    with otherwise:
+                        self.stmt(s.else_case)
+        elif isinstance(s, LetStmt):
+            self.f.vars[id(s.var)] = self.expr(s.value)
+            self.stmt(s.body)
+            del self.f.vars[id(s.var)]  # out of scope: a later parallel loop must not capture it
+        elif isinstance(s, Evaluate):
+            self.expr(s.value)
+        else:
+            raise CodegenError(f"the llvm back end cannot compile statement {type(s).__name__}")
+
+    def _allocate(self, s: Allocate) -> None:
+        (size,) = s.buffer.shape
+        if not isinstance(size, IntImm):
+            raise CodegenError(f"local buffer {s.buffer.name} needs a constant size, got {size}")
+        if s.buffer.scope not in ("local", "global"):
+            raise CodegenError(f"the llvm back end cannot allocate scope {s.buffer.scope!r} ({s.buffer.name})")
+        ptr = self.f.alloca(_mem(s.buffer.dtype), max(size.value, 1), s.buffer.name)
+        ptr.align = 64
+        self.f.bufs[id(s.buffer)] = ptr
+        self.stmt(s.body)
+        del self.f.bufs[id(s.buffer)]
+
+    def _address(self, buf: Any, index: PrimExpr) -> ir.Value:
+        ptr = self.f.bufs.get(id(buf))
+        if ptr is None:
+            raise CodegenError(f"buffer {buf.name} is used outside its allocation or is not a parameter")
+        idx = self._int_resize(self.expr(index), index.dtype, "int64")
+        # llvmlite types an alloca's pointer (T*) but not a parameter's (opaque ptr)
+        etype = _mem(buf.dtype) if ptr.type.is_opaque else None
+        return self.f.builder.gep(ptr, [idx], inbounds=True, source_etype=etype)
+
+    def _for(self, s: For) -> None:
+        if s.kind is ForKind.THREAD_BINDING:
+            raise CodegenError(f"loop {s.loop_var.name} is bound to {s.thread_tag}: a GPU loop on an llvm target")
+        if s.kind is ForKind.UNROLLED and isinstance(s.extent, IntImm) and s.extent.value <= _UNROLL_LIMIT \
+                and isinstance(s.min, IntImm):
+            for k in range(s.extent.value):
+                self.f.vars[id(s.loop_var)] = ir.Constant(_reg(s.loop_var.dtype), s.min.value + k)
+                self.stmt(s.body)
+            self.f.vars.pop(id(s.loop_var), None)
+            return
+        if s.kind is ForKind.PARALLEL and not self.f.in_parallel and self.num_threads > 1 and jit.have_openmp():
+            self._parallel(s)
+            return
+        begin = self.expr(s.min)
+        end = self.f.builder.add(begin, self.expr(s.extent))
+        self._loop(s.loop_var, begin, end, s.body, self._loop_md(s))
+
+    def _loop_md(self, s: For) -> ir.values.MDValue | None:
+        m = self.module
+        if s.kind is ForKind.UNROLLED:
+            return _LoopMD(m, [m.add_metadata(["llvm.loop.unroll.enable"])])
+        if s.kind is not ForKind.VECTORIZED:
+            return None
+        width = self.vector_bits // _widest_store(s.body)
+        if isinstance(s.extent, IntImm):
+            width = min(width, 1 << max(s.extent.value, 1).bit_length() - 1)
+        if width <= 1:
+            return None
+        return _LoopMD(m, [m.add_metadata(["llvm.loop.vectorize.enable", ir.Constant(I1, 1)]),
+                           m.add_metadata(["llvm.loop.vectorize.width", ir.Constant(I32, width)])])
+
+    def _loop(self, var: Var, begin: ir.Value, end: ir.Value, body: Stmt, md: ir.values.MDValue | None) -> None:
+        b, fn = self.f.builder, self.f.fn
+        pre = b.block
+        header = fn.append_basic_block(f"{var.name}.header")
+        body_block = fn.append_basic_block(f"{var.name}.body")
+        exit_block = fn.append_basic_block(f"{var.name}.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        phi = b.phi(begin.type, name=var.name)
+        phi.add_incoming(begin, pre)
+        signed = _signed(var.dtype)
+        cond = b.icmp_signed("<", phi, end) if signed else b.icmp_unsigned("<", phi, end)
+        b.cbranch(cond, body_block, exit_block)
+        b.position_at_end(body_block)
+        self.f.vars[id(var)] = phi
+        self.stmt(body)
+        nxt = b.add(phi, ir.Constant(begin.type, 1), flags=("nsw",) if signed else ("nuw",))
+        phi.add_incoming(nxt, b.block)
+        br = b.branch(header)
+        if md is not None:
+            br.set_metadata("llvm.loop", md)
+        b.position_at_end(exit_block)
+        del self.f.vars[id(var)]
+
+    def _parallel(self, s: For) -> None:
+        """Outlines loop `s` into body + trampoline functions run by GOMP_parallel."""
+        outer = self.f
+        b = outer.builder
+        k = self._par_count
+        self._par_count += 1
+        base = f"{outer.fn.name}.par{k}"
+        begin = self._int_resize(self.expr(s.min), s.min.dtype, "int64")
+        extent = self._int_resize(self.expr(s.extent), s.extent.dtype, "int64")
+        var_items = list(outer.vars.items())
+        buf_items = list(outer.bufs.items())
+        captured = [v for _, v in var_items] + [p for _, p in buf_items]
+        fields = [I64, I64] + [v.type for v in captured]
+        struct_ty = ir.LiteralStructType(fields)
+        data = outer.alloca(struct_ty, None, f"{base}.data")
+        for i, value in enumerate([begin, extent, *captured]):
+            b.store(value, b.gep(data, [I32(0), I32(i)], inbounds=True))
+
+        # The body: loop over [lo, hi) with the captured values as (noalias) parameters.
+        body_fn = self._function(f"{base}.body", ir.FunctionType(ir.VoidType(), [I64, I64, *fields[2:]]), True)
+        self.f = inner = _Func(body_fn)
+        inner.in_parallel = True
+        for i, (key, _) in enumerate(var_items):
+            inner.vars[key] = body_fn.args[2 + i]
+        for i, (key, _) in enumerate(buf_items):
+            inner.bufs[key] = body_fn.args[2 + len(var_items) + i]
+        lo = self._int_resize(body_fn.args[0], "int64", s.loop_var.dtype)
+        hi = self._int_resize(body_fn.args[1], "int64", s.loop_var.dtype)
+        self._loop(s.loop_var, lo, hi, s.body, None)
+        inner.builder.ret_void()
+
+        # The trampoline: this thread's block of iterations, from the packed values.
+        tramp = self._function(base, ir.FunctionType(ir.VoidType(), [PTR]), True)
+        self.f = t = _Func(tramp)
+        tb = t.builder
+        vals = [tb.load(tb.gep(tramp.args[0], [I32(0), I32(i)], inbounds=True, source_etype=struct_ty), typ=ty)
+                for i, ty in enumerate(fields)]
+        tid = tb.sext(llvm_math.intrinsic(tb, "omp_get_thread_num", I32, []), I64)
+        nth = tb.sext(llvm_math.intrinsic(tb, "omp_get_num_threads", I32, []), I64)
+        chunk = tb.sdiv(tb.add(vals[1], tb.sub(nth, I64(1))), nth)
+        lo64 = tb.add(vals[0], tb.mul(tid, chunk))
+        end64 = tb.add(vals[0], vals[1])
+        hi64 = tb.select(tb.icmp_signed("<", tb.add(lo64, chunk), end64), tb.add(lo64, chunk), end64)
+        with tb.if_then(tb.icmp_signed("<", lo64, hi64)):
+            tb.call(body_fn, [lo64, hi64, *vals[2:]])
+        tb.ret_void()
+
+        self.f = outer
+        gomp = self.module.globals.get("GOMP_parallel") or ir.Function(
+            self.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]), "GOMP_parallel")
+        b.call(gomp, [tramp, data, I32(self.num_threads), I32(0)])
+
+    # -- expressions ---------------------------------------------------------------------
+
+    def expr(self, e: PrimExpr) -> ir.Value:
+        """The value of `e` at the builder's position."""
+        b = self.f.builder
+        if isinstance(e, IntImm):
+            return ir.Constant(_reg(e.dtype), int(e.value) & ((1 << _reg(e.dtype).width) - 1)
+                               if e.dtype == "uint8" else int(e.value))
+        if isinstance(e, FloatImm):
+            return ir.Constant(_reg(e.dtype), e.value)
+        if isinstance(e, Var):
+            v = self.f.vars.get(id(e))
+            if v is None:
+                raise CodegenError(f"variable {e.name} is used where it is not bound")
+            return v
+        if isinstance(e, BufferLoad):
+            ptr = self._address(e.buffer, e.indices[0])
+            v = b.load(ptr, typ=_mem(e.dtype), align=_TYPES[e.dtype][2] // 8)
+            return b.icmp_unsigned("!=", v, I8(0)) if e.dtype == "bool" else v
+        if isinstance(e, BinaryOp):
+            return self._binary(e)
+        if isinstance(e, Not):
+            return b.not_(self.expr(e.a))
+        if isinstance(e, Cast):
+            return self._cast(self.expr(e.value), e.value.dtype, e.dtype)
+        if isinstance(e, Select):
+            return b.select(self.expr(e.cond), self.expr(e.true_value), self.expr(e.false_value))
+        if isinstance(e, Call):
+            return self._call(e)
+        raise CodegenError(f"the llvm back end cannot compile expression {type(e).__name__}")
+
+    def _binary(self, e: BinaryOp) -> ir.Value:
+        b = self.f.builder
+        dt = e.a.dtype
+        x, y = self.expr(e.a), self.expr(e.b)
+        if type(e) in _CMP:
+            op = _CMP[type(e)]
+            if is_float(dt):
+                return b.fcmp_unordered(op, x, y) if op == "!=" else b.fcmp_ordered(op, x, y)
+            return b.icmp_signed(op, x, y) if _signed(dt) else b.icmp_unsigned(op, x, y)
+        if isinstance(e, And):
+            return b.and_(x, y)
+        if isinstance(e, Or):
+            return b.or_(x, y)
+        if is_float(dt):
+            return self._float_binary(e, x, y)
+        return self._int_binary(e, x, y)
+
+    def _float_binary(self, e: BinaryOp, x: ir.Value, y: ir.Value) -> ir.Value:
+        b = self.f.builder
+        sfx = "f32" if x.type == llvm_math.F32 else "f64"
+        simple: dict[type, Callable[..., ir.Value]] = {Add: b.fadd, Sub: b.fsub, Mul: b.fmul}
+        if type(e) in simple:
+            return simple[type(e)](x, y, flags=_FLOAT_FLAGS)
+        if isinstance(e, (Min, Max)):
+            name = "minimum" if isinstance(e, Min) else "maximum"  # NaN-propagating, like numpy
+            return llvm_math.intrinsic(b, f"llvm.{name}.{sfx}", x.type, [x, y])
+        q = b.fdiv(x, y, flags=("contract",))
+        if isinstance(e, Div):
+            return q
+        fq = llvm_math.intrinsic(b, f"llvm.floor.{sfx}", x.type, [q])
+        if isinstance(e, FloorDiv):
+            return fq
+        if isinstance(e, FloorMod):
+            return b.fsub(x, b.fmul(fq, y))
+        raise CodegenError(f"unknown float operation {type(e).__name__}")
+
+    def _int_binary(self, e: BinaryOp, x: ir.Value, y: ir.Value) -> ir.Value:
+        b = self.f.builder
+        dt = e.a.dtype
+        signed = _signed(dt)
+        flags: tuple[str, ...] = ("nsw",) if dt in ("int32", "int64") else ()
+        if isinstance(e, Add):
+            return b.add(x, y, flags=flags)
+        if isinstance(e, Sub):
+            return b.sub(x, y, flags=flags)
+        if isinstance(e, Mul):
+            return b.mul(x, y, flags=flags)
+        if isinstance(e, (Min, Max)):
+            op = "<" if isinstance(e, Min) else ">"
+            c = b.icmp_signed(op, x, y) if signed else b.icmp_unsigned(op, x, y)
+            return b.select(c, x, y)
+        if isinstance(e, (Div, FloorDiv, FloorMod)):
+            return self._int_division(e, x, y, signed)
+        raise CodegenError(f"unknown integer operation {type(e).__name__}")
+
+    def _int_division(self, e: BinaryOp, x: ir.Value, y: ir.Value, signed: bool) -> ir.Value:
+        """Truncating Div, flooring FloorDiv/FloorMod; division by 0 gives 0 and never traps."""
+        b = self.f.builder
+        ty = x.type
+        zero, one = ir.Constant(ty, 0), ir.Constant(ty, 1)
+        const_ok = isinstance(e.b, IntImm) and e.b.value not in (0, -1)
+        is_zero = is_m1 = None
+        if not const_ok:
+            is_zero = b.icmp_unsigned("==", y, zero)
+            bad = is_zero
+            if signed:
+                is_m1 = b.icmp_signed("==", y, ir.Constant(ty, -1))
+                bad = b.or_(is_zero, is_m1)
+            y = b.select(bad, one, y)
+        if not signed:
+            r = b.urem(x, y) if isinstance(e, FloorMod) else b.udiv(x, y)
+            return r if is_zero is None else b.select(is_zero, zero, r)
+        q, r = b.sdiv(x, y), b.srem(x, y)
+        if is_m1 is not None:  # x / -1 is -x (wrapping), and its remainder 0
+            q = b.select(is_m1, b.sub(zero, x), q)
+        fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("<", b.xor(r, y), zero))
+        if isinstance(e, Div):
+            out = q
+        elif isinstance(e, FloorDiv):
+            out = b.sub(q, b.zext(fix, ty))
+        else:
+            out = b.add(r, b.select(fix, y, zero))
+        return out if is_zero is None else b.select(is_zero, zero, out)
+
+    def _call(self, e: Call) -> ir.Value:
+        b = self.f.builder
+        args = [self.expr(a) for a in e.args]
+        dt = e.args[0].dtype
+        if is_float(dt):
+            if dt not in ("float32", "float64"):
+                raise CodegenError(f"intrinsic {e.name} on {dt}: the llvm back end computes float32/float64")
+            return llvm_math.emit_float_call(b, e.name, args)
+        if e.name == "abs":
+            return b.select(b.icmp_signed("<", args[0], ir.Constant(args[0].type, 0)),
+                            b.sub(ir.Constant(args[0].type, 0), args[0]), args[0]) if _signed(dt) else args[0]
+        if e.name == "isnan":
+            return ir.Constant(I1, 0)
+        if e.name in ("floor", "ceil", "round"):
+            return args[0]
+        raise CodegenError(f"intrinsic {e.name} of integer type {dt}: cast to a float type first")
+
+    # -- conversions -----------------------------------------------------------------------
+
+    def _int_resize(self, v: ir.Value, src: str, dst: str) -> ir.Value:
+        return self._cast(v, src, dst)
+
+    def _cast(self, v: ir.Value, src: str, dst: str) -> ir.Value:
+        b = self.f.builder
+        if src == dst:
+            return v
+        to = _reg(dst)
+        if dst == "bool":
+            return b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0)) if is_float(src) \
+                else b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
+        if is_float(src) and is_float(dst):
+            return b.fpext(v, to) if _TYPES[dst][2] > _TYPES[src][2] else b.fptrunc(v, to)
+        if is_float(src):
+            kind = "fptosi" if _signed(dst) else "fptoui"
+            name = f"llvm.{kind}.sat.i{to.width}.{'f32' if v.type == llvm_math.F32 else 'f64'}"
+            return llvm_math.intrinsic(b, name, to, [v])
+        if is_float(dst):
+            return b.sitofp(v, to) if _signed(src) else b.uitofp(v, to)
+        if to.width == v.type.width:
+            return v
+        if to.width < v.type.width:
+            return b.trunc(v, to)
+        return b.sext(v, to) if _signed(src) else b.zext(v, to)
+
+
+def _widest_store(s: Stmt) -> int:
+    """The widest element (bits) stored in `s`; 32 when nothing is stored."""
+    widest = 0
+    stack = [s]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, BufferStore):
+            widest = max(widest, _TYPES.get(s.buffer.dtype, (None, None, 32))[2])
+        elif isinstance(s, SeqStmt):
+            stack.extend(s.stmts)
+        elif isinstance(s, (For, Allocate, LetStmt)):
+            stack.append(s.body)
+        elif isinstance(s, IfThenElse):
+            stack.append(s.then_case)
+            if s.else_case is not None:
+                stack.append(s.else_case)
+    return widest or 32
+
+
+def emit_llvm_ir(func: PrimFunc, target: Target) -> str:
+    """The (unoptimized) LLVM IR text of `func` for llvm target `target`."""
+    return CodeGenLLVM(target).compile(func)

@@ -1,0 +1,169 @@
+"""`Module`: a compiled kernel that numpy arrays can call.
+
+Calling `module(*arrays)` checks every array against the kernel's buffers
+before native code runs: it must be a numpy ndarray of the buffer's dtype and
+ndim, match its static dims, bind its symbolic dims consistently with the
+other arrays, be C-contiguous, aligned and writeable, and not overlap another
+argument (the kernel's pointers are `noalias`). Any mismatch raises
+`ArgumentError`, naming the kernel, the parameter, and what was expected and
+got. Symbolic dims go to the kernel as int64 scalars after the pointers.
+
+The kernel's code lives in its own JIT engine, freed when the Module is
+garbage collected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kiln.codegen.jit import Engine
+from kiln.errors import KilnError
+from kiln.target import Target
+from kiln.tir.expr import IntImm, Var
+from kiln.tir.stmt import PrimFunc
+
+_INT32_MAX = 2**31 - 1
+
+
+class ArgumentError(KilnError, TypeError, ValueError):
+    """Arrays passed to a compiled kernel that do not fit its parameters."""
+
+
+def numpy_dtype(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype of a loop-IR dtype string."""
+    return np.dtype(np.bool_) if dtype == "bool" else np.dtype(dtype)
+
+
+class _Param:
+    """What one parameter accepts: dtype, ndim, and per dim a static size or a symbolic Var."""
+
+    def __init__(self, func: PrimFunc, index: int) -> None:
+        buf = func.params[index]
+        self.name = buf.name
+        self.dtype = numpy_dtype(buf.dtype)
+        self.dims: list[int | Var] = []
+        for d in buf.shape:
+            if isinstance(d, IntImm):
+                self.dims.append(int(d.value))
+            elif isinstance(d, Var):
+                self.dims.append(d)
+            else:
+                raise ArgumentError(f"kernel {func.name!r}: parameter {buf.name} has dim {d}; "
+                                    "dims must be constants or size variables")
+        self.shape_text = "(" + ", ".join(d.name if isinstance(d, Var) else str(d) for d in self.dims) + ")"
+
+
+class Module:
+    """A compiled kernel: call it with numpy arrays; inspect its code with `get_source`."""
+
+    def __init__(
+        self,
+        func: PrimFunc,
+        target: Target,
+        obj: bytes,
+        symbols: list[str],
+        sources: dict[str, str] | None = None,
+        regenerate: Callable[[], dict[str, str]] | None = None,
+    ) -> None:
+        """Loads `obj` (object code of `func` for `target`) into a new JIT engine.
+
+        Args:
+            func: the kernel's loop IR (its params define the calling convention).
+            target: the llvm target the code was compiled for.
+            obj: relocatable object code.
+            symbols: external symbols the code calls; each must resolve, or this raises.
+            sources: texts already at hand ("ll", "asm").
+            regenerate: computes the missing texts on demand (after a disk-cache hit).
+        """
+        self.func = func
+        self.name = func.name
+        self.target = target
+        self._params = [_Param(func, i) for i in range(len(func.params))]
+        self._size_vars = func.size_vars
+        self._sources = dict(sources or {})
+        self._regenerate = regenerate
+        self._lock = threading.Lock()
+        self._engine = Engine(obj, target, symbols, func.name)
+        weakref.finalize(self, self._engine.close)
+        proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(self._params)),
+                                 *([ctypes.c_int64] * len(self._size_vars)))
+        self._cfunc = proto(self._engine.address(func.name))
+        self.object_size = len(obj)
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{p.name}: {p.dtype}{p.shape_text}" for p in self._params)
+        return f"<kiln.runtime.Module {self.name}({params}) for {self.target.kind.name}>"
+
+    def __call__(self, *arrays: Any) -> None:
+        """Runs the kernel on `arrays` (one per buffer parameter, in order), in place.
+
+        Raises:
+            ArgumentError: when any array does not fit its parameter.
+        """
+        sizes = self._check(arrays)
+        self._cfunc(*[a.ctypes.data for a in arrays], *sizes)
+
+    def _fail(self, param: _Param | None, message: str) -> ArgumentError:
+        where = f"kernel {self.name!r}" + (f", parameter {param.name!r}" if param is not None else "")
+        return ArgumentError(f"{where}: {message}")
+
+    def _check(self, arrays: tuple[Any, ...]) -> list[int]:
+        params = self._params
+        if len(arrays) != len(params):
+            names = ", ".join(p.name for p in params)
+            raise self._fail(None, f"expected {len(params)} arrays ({names}), got {len(arrays)}")
+        bound: dict[int, tuple[int, str]] = {}
+        for p, a in zip(params, arrays, strict=True):
+            if not isinstance(a, np.ndarray):
+                raise self._fail(p, f"expected a numpy.ndarray of {p.dtype}{p.shape_text}, got {type(a).__name__}")
+            if a.dtype != p.dtype:
+                raise self._fail(p, f"expected dtype {p.dtype}, got {a.dtype}")
+            if a.ndim != len(p.dims):
+                raise self._fail(p, f"expected {len(p.dims)} dims {p.shape_text}, got {a.ndim} dims {a.shape}")
+            for axis, (want, got) in enumerate(zip(p.dims, a.shape, strict=True)):
+                if isinstance(want, int):
+                    if got != want:
+                        raise self._fail(p, f"expected shape {p.shape_text}, got {a.shape} (dim {axis})")
+                    continue
+                prev = bound.get(id(want))
+                if prev is None:
+                    if got > _INT32_MAX and want.dtype == "int32":
+                        raise self._fail(p, f"dim {axis} ({want.name}) = {got} exceeds the kernel's int32 sizes")
+                    bound[id(want)] = (got, f"{p.name}.shape[{axis}]")
+                elif prev[0] != got:
+                    raise self._fail(p, f"size {want.name} is {prev[0]} from {prev[1]} but {got} here "
+                                        f"(shape {a.shape}, expected {p.shape_text})")
+            if not a.flags.c_contiguous:
+                raise self._fail(p, f"expected a C-contiguous array, got strides {a.strides} "
+                                    "(use np.ascontiguousarray)")
+            if not a.flags.aligned:
+                raise self._fail(p, "expected an aligned array")
+            if not a.flags.writeable:
+                raise self._fail(p, "expected a writeable array (kernels may write any parameter)")
+        for i in range(len(arrays)):
+            for j in range(i):
+                if arrays[i].size and arrays[j].size and np.may_share_memory(arrays[i], arrays[j]):
+                    raise self._fail(params[i], f"shares memory with parameter {params[j].name!r}; "
+                                                "kernels need distinct arrays")
+        return [bound[id(v)][0] for v in self._size_vars]
+
+    def get_source(self, fmt: str = "ll") -> str:
+        """The kernel's code: "ll" (optimized LLVM IR), "asm" (target assembly) or "tir" (loop IR).
+
+        Raises:
+            ValueError: for another format.
+        """
+        if fmt == "tir":
+            return str(self.func)
+        if fmt not in ("ll", "asm"):
+            raise ValueError(f"get_source: format is 'll', 'asm' or 'tir', got {fmt!r}")
+        with self._lock:
+            if fmt not in self._sources and self._regenerate is not None:
+                self._sources.update(self._regenerate())
+            return self._sources[fmt]
