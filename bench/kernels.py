@@ -64,7 +64,7 @@ def row_sum_kernel(rows: int, cols: int, lanes: int = 32) -> kiln.runtime.module
     return kiln.build(s, [A, out], name="row_sum")
 
 
-def matmul_kernel(m: int, n: int, k: int, bn: int = 32, bm: int = 8, kb: int = 4) -> kiln.runtime.module.Module:
+def matmul_kernel(m: int, n: int, k: int, bn: int = 64, bm: int = 8, kb: int = 1) -> kiln.runtime.module.Module:
     """C = A @ B: B packed into (n/bn, k, bn) panels, C tiled bm x bn in registers, vectorized over bn."""
     A = te.placeholder((m, k), name="A")
     B = te.placeholder((k, n), name="B")

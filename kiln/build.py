@@ -18,6 +18,7 @@ inside serial loops, which a Python pool cannot reach.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -27,6 +28,22 @@ from kiln.codegen.llvm import emit_llvm_ir
 from kiln.runtime.module import Module
 from kiln.target import Target
 from kiln.tir.stmt import PrimFunc
+from kiln.tir.transform import loop_partition, simplify_func, unroll_loops
+
+# The loop-IR steps between te.lower and code generation, in order.
+TIR_PIPELINE: tuple[tuple[str, Callable[[PrimFunc], PrimFunc]], ...] = (
+    ("simplify", simplify_func),  # fold index arithmetic with loop bounds: (jo*32 + j) // 32 -> jo
+    ("loop_partition", loop_partition),  # take tail guards out of the main loops
+    ("unroll", unroll_loops),  # small unrolled loops become straight-line code
+    ("simplify_again", simplify_func),
+)
+
+
+def optimize_tir(func: PrimFunc) -> PrimFunc:
+    """Runs `TIR_PIPELINE` over `func`."""
+    for _, step in TIR_PIPELINE:
+        func = step(func)
+    return func
 
 
 def _as_prim_func(obj: Any, args: Any) -> PrimFunc:
@@ -85,7 +102,7 @@ def build(
         CodegenError: for loop IR the llvm back end cannot compile, or a non-llvm target.
         UnresolvedSymbolError: when the code calls a symbol no loaded library defines.
     """
-    prim = _as_prim_func(func, args)
+    prim = optimize_tir(_as_prim_func(func, args))
     if name is not None and name != prim.name:
         prim = attrs.evolve(prim, name=name)
     tgt = target if isinstance(target, Target) else Target(target)
