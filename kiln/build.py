@@ -27,8 +27,15 @@ from kiln.codegen import cache, jit
 from kiln.codegen.llvm import emit_llvm_ir
 from kiln.runtime.module import Module
 from kiln.target import Target
+from kiln.tir.bounds_check import check_accesses
 from kiln.tir.stmt import PrimFunc
 from kiln.tir.transform import loop_partition, simplify_func, unroll_loops
+
+
+def _checked(func: PrimFunc) -> PrimFunc:
+    check_accesses(func)
+    return func
+
 
 # The loop-IR steps between te.lower and code generation, in order.
 TIR_PIPELINE: tuple[tuple[str, Callable[[PrimFunc], PrimFunc]], ...] = (
@@ -36,6 +43,7 @@ TIR_PIPELINE: tuple[tuple[str, Callable[[PrimFunc], PrimFunc]], ...] = (
     ("loop_partition", loop_partition),  # take tail guards out of the main loops
     ("unroll", unroll_loops),  # small unrolled loops become straight-line code
     ("simplify_again", simplify_func),
+    ("check_bounds", _checked),  # refuse accesses the loops provably take out of their buffers
 )
 
 

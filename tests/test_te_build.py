@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import kiln
 from kiln import te
@@ -75,3 +76,15 @@ def test_stencil_with_producer_computed_per_tile() -> None:
     c = np.zeros(100, "float32")
     mod(a, c)
     np.testing.assert_allclose(c, 2 * a[:-1] + 2 * a[1:], rtol=1e-6)
+
+
+def test_a_schedule_that_reads_past_a_temporary_is_refused_not_run() -> None:
+    from kiln.tir.bounds_check import OutOfBoundsError
+
+    n, panel = 64, 24  # 64 // 24 = 2 panels hold 48 columns, but C reads all 64
+    B = te.placeholder((8, n), name="B")
+    packed = te.compute((n // panel, 8, panel), lambda x, y, z: B[y, x * panel + z], name="packed")
+    C = te.compute((8, n), lambda i, j: packed[j // panel, i, j % panel] * 2.0, name="C")
+    s = te.create_schedule(C)
+    with pytest.raises(OutOfBoundsError, match="a read of buffer packed at axis 0 reaches indices"):
+        build(s, [B, C])

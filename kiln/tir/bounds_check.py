@@ -1,0 +1,73 @@
+"""A static check that no buffer access provably falls outside its buffer.
+
+A schedule can index a temporary past its end (a pack of `n // 48` panels read
+for all `n` columns, say). The generated code would then read or write out of
+bounds and could crash the process; this check refuses such loop IR at build
+time instead. It is conservative: it only reports accesses whose index range,
+given the enclosing loops, certainly leaves the buffer, and it does not look
+inside `if` bodies (their guards may be what keeps an access in bounds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from kiln.tir.expr import Buffer, BufferLoad, IntImm, PrimExpr, TIRError
+from kiln.tir.functor import post_order_visit
+from kiln.tir.simplify import Analyzer
+from kiln.tir.stmt import Allocate, BufferStore, For, LetStmt, PrimFunc, SeqStmt, Stmt
+
+
+class OutOfBoundsError(TIRError):
+    """Loop IR that accesses a buffer outside its extent."""
+
+
+def _loads(e: PrimExpr) -> Iterator[BufferLoad]:
+    found: list[BufferLoad] = []
+    post_order_visit(e, lambda n: found.append(n) if isinstance(n, BufferLoad) else None)
+    return iter(found)
+
+
+def _check_access(ana: Analyzer, func: str, buf: Buffer, indices: tuple[PrimExpr, ...], what: str) -> None:
+    for axis, (index, extent) in enumerate(zip(indices, buf.shape, strict=True)):
+        lo, hi = ana.interval(index)
+        size = extent.value if isinstance(extent, IntImm) else None
+        below = lo is not None and hi is not None and hi < 0
+        above = size is not None and lo is not None and lo >= size
+        partly = (lo is not None and lo < 0) or (size is not None and hi is not None and hi >= size)
+        if below or above or partly:
+            raise OutOfBoundsError(
+                f"{func}: {what} of buffer {buf.name} at axis {axis} reaches indices [{lo}, {hi}], "
+                f"outside [0, {size - 1 if size is not None else '?'}] (index {index}); "
+                "check the schedule's splits and the shapes of its temporaries"
+            )
+
+
+def check_accesses(func: PrimFunc) -> None:
+    """Raises OutOfBoundsError for an access that the enclosing loops take outside its buffer.
+
+    Recurses once per loop-nesting level (never per statement of a sequence).
+    """
+    ana = Analyzer()
+
+    def reads(e: PrimExpr) -> None:
+        for load in _loads(e):
+            _check_access(ana, func.name, load.buffer, load.indices, "a read")
+
+    def walk(stmt: Stmt) -> None:
+        todo = list(stmt.stmts) if isinstance(stmt, SeqStmt) else [stmt]
+        for s in todo:
+            if isinstance(s, SeqStmt):
+                walk(s)
+            elif isinstance(s, For):
+                reads(s.extent)
+                with ana.bound_range(s.loop_var, s.min, s.extent):
+                    walk(s.body)
+            elif isinstance(s, BufferStore):
+                _check_access(ana, func.name, s.buffer, s.indices, "a write")
+                reads(s.value)
+            elif isinstance(s, (Allocate, LetStmt)):
+                walk(s.body)
+            # IfThenElse: skipped, its guard may be what keeps the accesses inside in bounds
+
+    walk(func.body)
