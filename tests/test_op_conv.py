@@ -16,32 +16,20 @@ from hypothesis import strategies as st
 
 from kiln import relay
 from kiln.ir.attrs import AttrsError
-from kiln.ir.types import ANY, SizeVar, TensorType, Type
+from kiln.ir.types import ANY, SizeVar, TensorType
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.op._rel import RelationError
+from tests.op_helpers import RNG, make_attrs, rand, ref, rel
 
 N = SizeVar("n")
-RNG = np.random.default_rng(0)
 
 
-def make_attrs(op: str, **kw: Any) -> Any:
-    """The attrs of a call to `op` (None for an op without attributes)."""
-    attrs_type: Any = Op.get(op).attrs_type
-    return None if attrs_type is None else attrs_type.make(op, **kw)
 
 
-def rel(op: str, types: list[Type], **kw: Any) -> Type | None:
-    """Runs op's type relation on `types` with attrs made from `kw`."""
-    return Op.get(op).get_attr(attr.FTypeRelation)(types, make_attrs(op, **kw))
 
 
-def ref(op: str, *arrays: np.ndarray, **kw: Any) -> Any:
-    """Runs op's numpy reference."""
-    return Op.get(op).get_attr(attr.FReference)(make_attrs(op, **kw), *arrays)
 
 
-def rand(*shape: int, dtype: str = "float32") -> np.ndarray:
-    return RNG.standard_normal(shape).astype(dtype)
 
 
 def check_ref_agrees(op: str, arrays: list[np.ndarray], **kw: Any) -> np.ndarray:
