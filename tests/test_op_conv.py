@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from op_helpers import RNG, make_attrs, rand, ref, rel
 
 from kiln import relay
 from kiln.ir.attrs import AttrsError
 from kiln.ir.types import ANY, SizeVar, TensorType
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.op._rel import RelationError
-from tests.op_helpers import RNG, make_attrs, rand, ref, rel
 
 N = SizeVar("n")
 

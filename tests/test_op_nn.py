@@ -11,13 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from op_helpers import make_attrs, rand, ref, rel, type_of
 
 from kiln import relay
 from kiln.ir.attrs import AttrsError
 from kiln.ir.types import ANY, SizeVar, TensorType, TupleType
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.op._rel import RelationError
-from tests.op_helpers import make_attrs, rand, ref, rel, type_of
 
 N = SizeVar("n")
 
