@@ -12,29 +12,15 @@ matmul >= 0.5x the faster numpy.
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
 import numpy as np
+from timing import median_time
 
 import kiln
 from kiln import te
 from kiln.target import Target
-
-
-def median_time(fn: Callable[[], object], repeat: int = 7, warmup: int = 2) -> float:
-    """The median wall time of `fn()` over `repeat` runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def elementwise_kernel(n: int) -> kiln.runtime.module.Module:
@@ -123,8 +109,8 @@ def main() -> None:
     mod(x, y)
     expected = (1 / (1 + np.exp(-(x * 2 + 1)))) * np.tanh(x)
     assert np.allclose(y, expected, atol=1e-5), "elementwise result differs from numpy"
-    t_np = median_time(lambda: (1 / (1 + np.exp(-(x * 2 + 1)))) * np.tanh(x))
-    t_k = median_time(lambda: mod(x, y))
+    t_np = median_time(lambda: (1 / (1 + np.exp(-(x * 2 + 1)))) * np.tanh(x), warmup=2)
+    t_k = median_time(lambda: mod(x, y), warmup=2)
     rows.append(("sigmoid(x*2+1)*tanh(x), 2^24 f32", t_np, t_k, 6.0, "zmm" in mod.get_source("asm")))
 
     a = rng.standard_normal((4096, 4096)).astype(np.float32)
@@ -132,8 +118,8 @@ def main() -> None:
     mod = row_sum_kernel(4096, 4096)
     mod(a, out)
     assert np.allclose(out, a.sum(axis=-1), rtol=1e-3, atol=1e-2), "row sum differs from numpy"
-    t_np = median_time(lambda: a.sum(axis=-1))
-    t_k = median_time(lambda: mod(a, out))
+    t_np = median_time(lambda: a.sum(axis=-1), warmup=2)
+    t_k = median_time(lambda: mod(a, out), warmup=2)
     rows.append(("sum(axis=-1), 4096x4096 f32", t_np, t_k, 2.0, "zmm" in mod.get_source("asm")))
 
     size = 1024
@@ -143,10 +129,10 @@ def main() -> None:
     mod = matmul_kernel(size, size, size)
     mod(a, b, c)
     assert np.allclose(c, a @ b, rtol=1e-3), "matmul differs from numpy"
-    t_np_env = median_time(lambda: a @ b)
+    t_np_env = median_time(lambda: a @ b, warmup=2)
     t_np_free = numpy_matmul_without_coretype(size, size, size)
     t_np = min(t_np_env, t_np_free)
-    t_k = median_time(lambda: mod(a, b, c))
+    t_k = median_time(lambda: mod(a, b, c), warmup=2)
     gflops = 2 * size**3 / t_k / 1e9
     rows.append((f"matmul 1024^3 f32 ({gflops:.0f} GFLOP/s)", t_np, t_k, 0.5, "zmm" in mod.get_source("asm")))
     print(f"  numpy matmul: {t_np_env * 1e3:.2f} ms with OPENBLAS_CORETYPE, {t_np_free * 1e3:.2f} ms without")

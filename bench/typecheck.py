@@ -6,11 +6,10 @@ issue's bar: type inference of the 10,000-call chain in under 2 seconds.
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
+import functools
 
 import numpy as np
+from timing import median_time
 
 from kiln import relay
 from kiln.relay.visitor import post_order
@@ -47,22 +46,13 @@ def resnet_like(target_nodes: int = 1_000) -> relay.Function:
     return relay.Function([x], relay.nn.dense(h, w))
 
 
-def timed(fn: Callable[[], object], repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     print(f"{'graph':14} {'nodes':>7} {'build s':>9} {'infer s':>9} {'infer us/node':>14}")
     for name, make in (("chain 10k", chain), ("resnet-like", resnet_like)):
-        build = timed(make, repeat=3)
+        build = median_time(make, repeat=3)
         func = make()
         nodes = len(post_order(func))
-        infer = timed(lambda f=func: relay.infer_type(f))  # type: ignore[misc]  # default binds the function
+        infer = median_time(functools.partial(relay.infer_type, func), repeat=5)
         print(f"{name:14} {nodes:7d} {build:9.3f} {infer:9.3f} {infer / nodes * 1e6:14.1f}")
 
 
