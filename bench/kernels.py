@@ -24,13 +24,19 @@ from kiln.target import Target
 
 
 def elementwise_kernel(n: int) -> kiln.runtime.module.Module:
-    """y = sigmoid(x * 2 + 1) * tanh(x), fused, parallel over chunks, vectorized 16 wide."""
+    """y = sigmoid(x * 2 + 1) * tanh(x), fused, parallel over chunks, vectorized 16 wide.
+
+    Each chunk prefetches the next chunk of x: the body is long enough (about 60 vector instructions
+    per cache line) that the out-of-order window alone keeps too few misses in flight, which made
+    the kernel three times slower from DRAM than from L2 before.
+    """
     X = te.placeholder((n,), name="x")
     Y = te.compute((n,), lambda i: te.sigmoid(X[i] * 2.0 + 1.0) * te.tanh(X[i]), name="y")
     s = te.create_schedule(Y)
     outer, inner = s[Y].split(Y.op.axis[0], factor=16 * 64)
     s[Y].parallel(outer)
     s[Y].vectorize(inner)
+    s[Y].prefetch(X, outer)
     return kiln.build(s, [X, Y], name="fused_elementwise")
 
 

@@ -7,6 +7,7 @@ import pytest
 import tir_interp
 from test_te import loops, rand, run
 
+import kiln
 from kiln import te, tir
 
 
@@ -271,6 +272,47 @@ def test_pragma_becomes_a_loop_annotation() -> None:
     s[C].pragma(C.op.axis[0], "auto_unroll_max_step", 16)
     func = te.lower(s, [A, B, C])
     assert dict(loops(func)[0].annotations) == {"auto_unroll_max_step": 16}
+
+
+def test_prefetch_reads_the_next_chunks_lines_at_the_top_of_the_loop() -> None:
+    A, B, C = vector_add(1000)
+    s = te.create_schedule(C)
+    xo, xi = s[C].split(C.op.axis[0], factor=64)
+    s[C].vectorize(xi)
+    s[C].prefetch(A, xo, offset=2)
+    func = te.lower(s, [A, B, C])
+    assert nest(func) == [("i_outer", "16"), ("pf0", "4"), ("i_inner", "64")]
+    assert "prefetch<int32>(A[i_outer * 64 + pf0 * 16 + 128])" in str(func)  # 16 float32 per 64-byte line
+    check_add(func, 1000)
+    a, b, c = rand(1000), rand(1000), np.zeros(1000, np.float32)
+    kiln.build(func)(a, b, c)  # the last chunks prefetch past the end of A: not an out-of-bounds read
+    np.testing.assert_allclose(c, a + b, rtol=1e-6)
+
+
+def test_prefetch_of_a_2d_tile_covers_its_rows() -> None:
+    A, B, C, _ = matmul(16, 12, 8)
+    s = te.create_schedule(C)
+    io, _, _, _ = s[C].tile(*C.op.axis, 4, 6)
+    s[C].prefetch(A, io)
+    func = te.lower(s, [A, B, C])
+    assert "prefetch<int32>(A[i_outer * 4 + pf0 + 4, pf1 * 16])" in str(func)
+    assert ("pf0", "4") in nest(func) and ("pf1", "1") in nest(func)
+    check_matmul(func, 16, 12, 8)
+
+
+def test_prefetch_errors_name_the_stage_tensor_and_axis() -> None:
+    A, B, C = vector_add(64)
+    D = te.placeholder((64,), name="D")
+    s = te.create_schedule(C)
+    xo, xi = s[C].split(C.op.axis[0], factor=16)
+    with pytest.raises(te.ScheduleError, match="does not read tensor 'D'"):
+        s[C].prefetch(D, xo)
+    with pytest.raises(te.ScheduleError, match="offset must be an int >= 1"):
+        s[C].prefetch(A, xo, offset=0)
+    s[C].prefetch(A, xi)
+    s[C].vectorize(xi)
+    with pytest.raises(te.ScheduleError, match="of .A. at axis .i_inner. of stage .C.: the axis is vectorized"):
+        te.lower(s, [A, B, C])
 
 
 # ---------------------------------------------------------------------------

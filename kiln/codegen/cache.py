@@ -2,7 +2,7 @@
 
 A kernel's key is the sha256 of its canonical loop-IR text (`str(prim_func)`),
 the target string (CPU name and features), the llvmlite version, kiln's
-version and the code generator's version. In memory, a bounded LRU dict of
+version and a digest of the code generator's source files. In memory, a bounded LRU dict of
 compiled `Module`s; on disk, one file per key under `$KILN_CACHE_DIR` (default
 `~/.cache/kiln`) holding the object code behind a header with its length,
 checksum and key. A file whose header, length, checksum or key does not match
@@ -31,7 +31,16 @@ from kiln.target import Target
 if TYPE_CHECKING:
     from kiln.runtime.module import Module
 
-CODEGEN_VERSION = "1"
+
+def _codegen_version() -> str:
+    """A digest of the code generator's own source, so editing it never serves kernels it made before."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+CODEGEN_VERSION = _codegen_version()
 _MAGIC = b"KILNOBJ1"
 _MEMORY_LIMIT = 256
 

@@ -264,14 +264,14 @@ class CodeGenLLVM:
         self.stmt(s.body)
         del self.f.bufs[id(s.buffer)]
 
-    def _address(self, buf: Any, index: PrimExpr) -> ir.Value:
+    def _address(self, buf: Any, index: PrimExpr, inbounds: bool = True) -> ir.Value:
         ptr = self.f.bufs.get(id(buf))
         if ptr is None:
             raise CodegenError(f"buffer {buf.name} is used outside its allocation or is not a parameter")
         idx = self._int_resize(self.expr(index), index.dtype, "int64")
         # llvmlite types an alloca's pointer (T*) but not a parameter's (opaque ptr)
         etype = _mem(buf.dtype) if ptr.type.is_opaque else None
-        return self.f.builder.gep(ptr, [idx], inbounds=True, source_etype=etype)
+        return self.f.builder.gep(ptr, [idx], inbounds=inbounds, source_etype=etype)
 
     def _for(self, s: For) -> None:
         if s.kind is ForKind.THREAD_BINDING:
@@ -497,6 +497,13 @@ class CodeGenLLVM:
 
     def _call(self, e: Call) -> ir.Value:
         b = self.f.builder
+        if e.name == "prefetch":  # of a (read, high-locality, data) cache line; never loads, may point past the end
+            (ld,) = e.args
+            assert isinstance(ld, BufferLoad)
+            ptr = self._address(ld.buffer, ld.indices[0], inbounds=False)
+            i32 = [ir.Constant(I32, v) for v in (0, 3, 1)]
+            llvm_math.intrinsic(b, "llvm.prefetch.p0", ir.VoidType(), [ptr, *i32])
+            return ir.Constant(I32, 0)
         args = [self.expr(a) for a in e.args]
         dt = e.args[0].dtype
         if is_float(dt):

@@ -14,11 +14,11 @@ relative error where the result is a normal float, absolute below that):
 
 | fn      | max error (normal results)  | special values                                     |
 | ------- | --------------------------- | -------------------------------------------------- |
-| exp     | 1.0 ulp (rel 8.3e-8)        | inf above 88.72, denormals to 1 denormal ulp, 0 below -103.9 |
+| exp     | 1.0 ulp (rel 8.1e-8)        | inf above 88.72, denormals to 1 denormal ulp, 0 below -103.9 |
 | log     | 0.8 ulp (rel 8.0e-8)        | log(0) = -inf, log(x < 0) = NaN, log(inf) = inf; denormal inputs too |
-| tanh    | 1.3 ulp (rel 1.4e-7)        | saturates to +-1                                   |
-| sigmoid | 2.4 ulp (rel 1.5e-7)        | abs 3e-39 below 1.2e-38 (0 once exp(-x) overflows, x < -88.7); 1 above |
-| erf     | 7.5 ulp (rel 4.5e-7), near +-1 | saturates to +-1                                   |
+| tanh    | 1.3 ulp (rel 1.3e-7)        | saturates to +-1                                   |
+| sigmoid | 2.2 ulp (rel 1.3e-7)        | abs 3e-39 below 1.2e-38 (0 once exp(-x) overflows, x < -88.7); 1 above |
+| erf     | 5.5 ulp (rel 3.3e-7), near +-1 | saturates to +-1                                   |
 
 NaN in gives NaN out for all of them.
 """
@@ -68,38 +68,52 @@ def _poly(b: ir.IRBuilder, x: ir.Value, coeffs: Sequence[float]) -> ir.Value:
     return acc
 
 
-def _isnan(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return b.fcmp_unordered("uno", x, x)
+def _min(b: ir.IRBuilder, x: ir.Value, hi: float) -> ir.Value:
+    """min(x, hi) that keeps a NaN x (one vminps on x86, unlike llvm.minnum)."""
+    return b.select(b.fcmp_ordered(">", x, _c(hi)), _c(hi), x)
+
+
+def _max(b: ir.IRBuilder, x: ir.Value, lo: float) -> ir.Value:
+    """max(x, lo) that keeps a NaN x."""
+    return b.select(b.fcmp_ordered("<", x, _c(lo)), _c(lo), x)
 
 
 def _clamp(b: ir.IRBuilder, x: ir.Value, lo: float, hi: float) -> ir.Value:
-    """min(max(x, lo), hi); a NaN becomes `lo` (callers restore it with `_isnan`)."""
-    x = intrinsic(b, "llvm.maxnum.f32", F32, [x, _c(lo)])
-    return intrinsic(b, "llvm.minnum.f32", F32, [x, _c(hi)])
+    return _min(b, _max(b, x, lo), hi)
 
 
 def _pow2i(b: ir.IRBuilder, n: ir.Value) -> ir.Value:
-    """2.0**n for an i32 n in [-126, 127], built from exponent bits."""
+    """2.0**n for an i32 n in [-126, 127] (128 gives inf), built from exponent bits."""
     bits = b.shl(b.add(n, ir.Constant(I32, 127)), ir.Constant(I32, 23))
     return b.bitcast(bits, F32)
 
 
-def exp_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """e**x: n = round(x / ln2), r = x - n ln2 (two-part ln2), Cephes degree-6 polynomial, times 2**n.
+_ROUNDER = 12582912.0  # 1.5 * 2**23: x + this rounds x (|x| < 2**22) to an integer held in the low mantissa bits
+_ROUNDER_BITS = 0x4B400000
 
-    2**n is applied as 2**(n//2) * 2**(n - n//2) so results reach inf and the denormals correctly.
+
+def _exp_parts(b: ir.IRBuilder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(y, n) with e**x = y * 2**n, y in [0.7, 1.42] and n an i32, for |x| < 2**21.
+
+    n = round(x / ln2) through the 1.5 * 2**23 rounder (one fma and one subtraction, and n's
+    bits come for free), r = x - n ln2 with ln2 in two parts, then the Cephes degree-6 polynomial.
     """
-    xc = _clamp(b, x, -104.0, 89.0)
-    n_f = intrinsic(b, "llvm.rint.f32", F32, [_mul(b, xc, _c(1.44269504088896341))])
-    r = b.fsub(xc, b.fmul(n_f, _c(0.693359375)))
-    r = b.fsub(r, b.fmul(n_f, _c(-2.12194440e-4)))
+    t = _add(b, _mul(b, x, _c(1.44269504088896341)), _c(_ROUNDER))
+    n_f = b.fsub(t, _c(_ROUNDER))
+    r = b.fsub(x, _mul(b, n_f, _c(0.693359375)), flags=_FAST)
+    r = b.fsub(r, _mul(b, n_f, _c(-2.12194440e-4)), flags=_FAST)
     p = _poly(b, r, [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
                      5.0000001201e-1])
     y = _add(b, _add(b, _mul(b, _mul(b, p, r), r), r), _c(1.0))
-    n = b.fptosi(n_f, I32)
+    return y, b.sub(b.bitcast(t, I32), ir.Constant(I32, _ROUNDER_BITS))
+
+
+def exp_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """e**x on x clamped to [-104, 89]; 2**n is applied as 2**(n//2) * 2**(n - n//2), so results reach
+    inf and the denormals correctly. A NaN goes through the arithmetic as NaN."""
+    y, n = _exp_parts(b, _clamp(b, x, -104.0, 89.0))
     half = b.ashr(n, ir.Constant(I32, 1))
-    y = b.fmul(b.fmul(y, _pow2i(b, half)), _pow2i(b, b.sub(n, half)))
-    return b.select(_isnan(b, x), x, y)
+    return b.fmul(b.fmul(y, _pow2i(b, half)), _pow2i(b, b.sub(n, half)))
 
 
 def log_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -132,23 +146,25 @@ def log_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 def tanh_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """tanh: an odd Cephes polynomial for |x| < 0.625, 1 - 2 / (exp(2|x|) + 1) above, with x's sign."""
-    ax = intrinsic(b, "llvm.fabs.f32", F32, [x])
+    """tanh: an odd Cephes polynomial for |x| < 0.625, 1 - 2 / (exp(2|x|) + 1) above, with x's sign.
+
+    |x| is clamped to 10 (tanh rounds to 1 in float32 from 9.02 on), so exp(2|x|) needs one scaling step.
+    """
+    ax = _min(b, intrinsic(b, "llvm.fabs.f32", F32, [x]), 10.0)
     z = b.fmul(x, x)
     p = _poly(b, z, [-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
                      -3.33332819422e-1])
     small = _add(b, _mul(b, _mul(b, p, z), x), x)
-    e = exp_f32(b, b.fmul(ax, _c(2.0)))
-    big = b.fsub(_c(1.0), b.fdiv(_c(2.0), b.fadd(e, _c(1.0))))
+    y, n = _exp_parts(b, b.fmul(ax, _c(2.0)))
+    e = b.fmul(y, _pow2i(b, n))
+    big = b.fsub(_c(1.0), _mul(b, _c(2.0), b.fdiv(_c(1.0), b.fadd(e, _c(1.0)))), flags=_FAST)
     big = intrinsic(b, "llvm.copysign.f32", F32, [big, x])
-    y = b.select(b.fcmp_ordered("<", ax, _c(0.625)), small, big)
-    return b.select(_isnan(b, x), x, y)
+    return b.select(b.fcmp_ordered("<", ax, _c(0.625)), small, big)
 
 
 def sigmoid_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """1 / (1 + exp(-x)): saturates to 0 and 1 through exp's overflow and underflow."""
-    e = exp_f32(b, b.fneg(x))
-    return b.fdiv(_c(1.0), b.fadd(_c(1.0), e))
+    return b.fdiv(_c(1.0), b.fadd(_c(1.0), exp_f32(b, b.fneg(x))))
 
 
 def erf_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -160,8 +176,7 @@ def erf_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     q = _poly(b, x2, [-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
                       -1.42647390514189e-02])
     y = b.fmul(xc, b.fdiv(p, q))  # not (x * p) / q: x * p underflows for tiny x
-    y = _clamp(b, y, -1.0, 1.0)
-    return b.select(_isnan(b, x), x, y)
+    return _clamp(b, y, -1.0, 1.0)  # a NaN x stays NaN through the clamps
 
 
 _F32_POLY: dict[str, Callable[[ir.IRBuilder, ir.Value], ir.Value]] = {

@@ -16,7 +16,8 @@ The steps, in order:
    iterations past an extent (a non-dividing split, a region past the edge of
    the tensor) are guarded with `IfThenElse`, placed right inside the loop
    of the innermost variable they depend on, and left out where the bounds
-   prove them true.
+   prove them true. A `prefetch` puts, at the top of its loop's body, a loop of
+   `prefetch` calls over the cache lines of the box the next iterations read.
 """
 
 from __future__ import annotations
@@ -25,15 +26,17 @@ from collections.abc import Sequence
 
 import attrs
 
+from kiln.ir.dtype import DataType
 from kiln.te.arith import Lin, free_vars, lin_max, lin_min, lin_of, loads, relax, simplify, substitute, transform
 from kiln.te.schedule import AttachType, Fuse, IterAttr, Schedule, ScheduleError, Split, Stage
 from kiln.te.tensor import IterKind, IterVar, PlaceholderOp, Reduce, Tensor, TensorBuffer
 from kiln.tir import expr as tx
 from kiln.tir.expr import Buffer, BufferLoad, PrimExpr, Var
-from kiln.tir.stmt import Allocate, BufferStore, For, IfThenElse, PrimFunc, Stmt, seq
+from kiln.tir.stmt import Allocate, BufferStore, Evaluate, For, ForKind, IfThenElse, PrimFunc, Stmt, seq
 from kiln.tir.stmt import buffer as tir_buffer
 
 Loops = list[tuple[Var, PrimExpr]]  # (var, extent), innermost first
+_CACHE_LINE = 64  # bytes, on every CPU kiln targets
 
 
 @attrs.define(eq=False)
@@ -318,8 +321,51 @@ class _Lowering:
 
         return transform(e, pre)
 
+    def _prefetches(self, st: Stage, body: PrimExpr) -> dict[IterVar, list[Stmt]]:
+        """Per axis, the prefetch loops `Stage.prefetch` asked for: one `prefetch` per cache line of the
+        bounding box that `body` reads from the tensor in iteration `iv + offset`."""
+        out: dict[IterVar, list[Stmt]] = {}
+        for tensor, iv, offset in st.prefetches:
+            where = f"prefetch of {tensor.name!r} at axis {iv.name!r} of stage {st.name!r}"
+            if not any(x is iv for x in st.leaf_iter_vars):
+                raise ScheduleError(f"{where}: the axis is no longer a leaf (it was split or fused afterwards)")
+            attr = st.iter_attrs.get(iv)
+            if attr is not None and attr.kind is ForKind.VECTORIZED:
+                raise ScheduleError(f"{where}: the axis is vectorized; prefetch at a loop outside it")
+            producer = self.sch.stage_of(tensor)
+            buf = self.placeholder_bufs.get(id(tensor.op)) if producer is None else self.info[producer].buffer
+            reads = [ld for ld in loads(body) if buf is not None and ld.buffer is buf]
+            if buf is None or not reads:
+                raise ScheduleError(f"{where}: the stage does not read the tensor after inlining")
+            inner = self._leaf_loops(st, st.leaf_iter_vars.index(iv) + 1, len(st.leaf_iter_vars))
+            shift = {iv.var: iv.var + offset}
+            box: list[tuple[Lin, Lin]] = []
+            for d in range(buf.ndim):
+                lo: Lin | None = None
+                hi: Lin | None = None
+                for ld in reads:
+                    rng = relax(substitute(ld.indices[d], shift), inner)
+                    if rng is None:
+                        raise ScheduleError(f"{where}: its index {ld.indices[d]} is not affine in the loops")
+                    lo = rng[0] if lo is None else lin_min(lo, rng[0])
+                    hi = rng[1] if hi is None else lin_max(hi, rng[1])
+                assert lo is not None and hi is not None
+                box.append((lo, hi))
+            per_line = max(1, _CACHE_LINE * 8 // DataType.of(buf.dtype).bits)
+            ks = [Var(f"pf{d}") for d in range(buf.ndim)]
+            index = [simplify(lo.to_expr() + k) for (lo, _), k in zip(box[:-1], ks, strict=False)]
+            index.append(simplify(box[-1][0].to_expr() + ks[-1] * per_line))
+            stmt: Stmt = Evaluate(tx.call("prefetch", buf.load(*index)))
+            stmt = For(ks[-1], tx.const(0), _ceildiv((box[-1][1] - box[-1][0] + 1).to_expr(), per_line),
+                       ForKind.SERIAL, stmt)
+            for d in reversed(range(buf.ndim - 1)):
+                stmt = For(ks[d], tx.const(0), (box[d][1] - box[d][0] + 1).to_expr(), ForKind.SERIAL, stmt)
+            out.setdefault(iv, []).append(stmt)
+        return out
+
     def _nest(
-        self, st: Stage, loops: list[tuple[IterVar, Var]], inner: Stmt, conds: list[PrimExpr], attach: bool
+        self, st: Stage, loops: list[tuple[IterVar, Var]], inner: Stmt, conds: list[PrimExpr], attach: bool,
+        prefetch: dict[IterVar, list[Stmt]] | None = None,
     ) -> Stmt:
         info = self.info[st]
         pos = {id(v): n for n, (_, v) in enumerate(loops)}
@@ -337,6 +383,8 @@ class _Lowering:
                     stmt = Allocate(child_buf, seq(self._emit(child), stmt))
             if n in at_level:
                 stmt = IfThenElse(_conj(at_level[n]), stmt)
+            if prefetch and iv in prefetch:
+                stmt = seq(*prefetch[iv], stmt)
             attr = st.iter_attrs.get(iv) or IterAttr()
             stmt = For(v, tx.const(0), info.ext[iv], attr.kind, stmt, attr.thread_tag, dict(attr.pragmas))
         if -1 in at_level:
@@ -351,9 +399,10 @@ class _Lowering:
         index = [simplify(info.offset[iv]) for iv in st.op.axis]
         body = self._rewrite_loads(substitute(info.body, self._root_values(st)))
         conds = self._guards(st)
+        pf = self._prefetches(st, body)
         if not isinstance(body, Reduce):
             loops = [(iv, iv.var) for iv in leaves]
-            return self._nest(st, loops, BufferStore(buf, body, index), conds, attach=True)
+            return self._nest(st, loops, BufferStore(buf, body, index), conds, attach=True, prefetch=pf)
         first = next(n for n, iv in enumerate(leaves) if iv.kind is IterKind.REDUCE)
         rest_vars = {id(iv.var) for iv in leaves[first:]}
         reduce_vars = {id(iv.var) for iv in leaves if iv.kind is IterKind.REDUCE}
@@ -368,9 +417,11 @@ class _Lowering:
         if not (isinstance(body.condition, tx.IntImm) and body.condition.value):
             update = IfThenElse(body.condition, update)
         init_nest = self._nest(st, init_loops, init, init_conds, attach=False)
-        update_nest = self._nest(st, [(iv, iv.var) for iv in leaves[first:]], update, rest_conds, attach=True)
+        update_nest = self._nest(
+            st, [(iv, iv.var) for iv in leaves[first:]], update, rest_conds, attach=True, prefetch=pf
+        )
         common = [(iv, iv.var) for iv in leaves[:first]]
-        return self._nest(st, common, seq(init_nest, update_nest), common_conds, attach=True)
+        return self._nest(st, common, seq(init_nest, update_nest), common_conds, attach=True, prefetch=pf)
 
     def run(self) -> PrimFunc:
         live = self._prepare()

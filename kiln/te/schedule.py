@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from kiln.te.arith import transform
+from kiln.te.arith import loads, transform
 from kiln.te.tensor import (
     ComputeOp,
     IterKind,
@@ -91,6 +91,7 @@ class Stage:
         self.attach_ivar: IterVar | None = None
         self.scope = "global"
         self.is_output = False
+        self.prefetches: list[tuple[Tensor, IterVar, int]] = []
 
     @property
     def name(self) -> str:
@@ -232,6 +233,19 @@ class Stage:
         """Annotates the loop of `iv` with `key = value` (For.annotations)."""
         self._leaf_index(iv, "pragma")
         self._attr(iv).pragmas[key] = value
+
+    def prefetch(self, tensor: Tensor, iv: IterVar, offset: int = 1) -> None:
+        """At the start of each iteration of `iv`, prefetches into cache the part of `tensor` that
+        iteration `iv + offset` reads (TVM's `prefetch`): for streaming loops whose compute is too
+        long for the out-of-order window to keep enough cache misses in flight."""
+        self._leaf_index(iv, "prefetch")
+        if not isinstance(tensor, Tensor):
+            raise ScheduleError(f"prefetch on stage {self.name!r}: expected a Tensor, got {tensor!r}")
+        if not any(isinstance(ld.buffer, TensorBuffer) and ld.buffer.tensor is tensor for ld in loads(self.op.body)):
+            raise ScheduleError(f"prefetch on stage {self.name!r}: the stage does not read tensor {tensor.name!r}")
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 1:
+            raise ScheduleError(f"prefetch on stage {self.name!r}: offset must be an int >= 1, got {offset!r}")
+        self.prefetches.append((tensor, iv, offset))
 
     # -- placement -------------------------------------------------------------------
     def compute_at(self, parent: Stage, iv: IterVar) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kiln.tir.expr import Buffer, BufferLoad, IntImm, PrimExpr, TIRError
-from kiln.tir.functor import post_order_visit
+from kiln.tir.expr import Buffer, BufferLoad, Call, IntImm, PrimExpr, TIRError
+from kiln.tir.functor import Node, post_order_visit
 from kiln.tir.simplify import Analyzer
 from kiln.tir.stmt import Allocate, BufferStore, For, LetStmt, PrimFunc, SeqStmt, Stmt
 
@@ -23,9 +23,18 @@ class OutOfBoundsError(TIRError):
 
 
 def _loads(e: PrimExpr) -> Iterator[BufferLoad]:
+    """The loads in `e`, less the addresses of prefetches (never performed, so never out of bounds)."""
     found: list[BufferLoad] = []
-    post_order_visit(e, lambda n: found.append(n) if isinstance(n, BufferLoad) else None)
-    return iter(found)
+    hints: set[int] = set()
+
+    def visit(n: Node) -> None:
+        if isinstance(n, BufferLoad):
+            found.append(n)
+        elif isinstance(n, Call) and n.name == "prefetch":
+            hints.add(id(n.args[0]))
+
+    post_order_visit(e, visit)
+    return (ld for ld in found if id(ld) not in hints)
 
 
 def _check_access(ana: Analyzer, func: str, buf: Buffer, indices: tuple[PrimExpr, ...], what: str) -> None:

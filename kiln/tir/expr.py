@@ -250,9 +250,11 @@ def _shape(values: Any) -> tuple[PrimExpr, ...]:
 INTRINSICS = frozenset(
     {
         "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "pow", "floor", "ceil", "round",
-        "abs", "sin", "cos", "fma", "isnan",
+        "abs", "sin", "cos", "fma", "isnan", "prefetch",
     }
 )
+# `prefetch(buf[i])` (int32, for an Evaluate) hints that the cache line holding buf[i] will be read
+# soon; the load is never performed, so the index may lie past the buffer.
 
 
 @attrs.frozen(eq=False, repr=False)
@@ -451,4 +453,8 @@ def call(name: str, *args: ExprLike, dtype: str | None = None) -> PrimExpr:
     if name not in INTRINSICS:
         raise TIRError(f"unknown intrinsic {name!r}; known: {', '.join(sorted(INTRINSICS))}")
     exprs = tuple(as_expr(a) for a in args)
+    if name == "prefetch":
+        if len(exprs) != 1 or not isinstance(exprs[0], BufferLoad):
+            raise TIRError(f"prefetch takes one buffer element (buf[i]), got {exprs!r}")
+        return Call("int32", name, exprs)
     return Call(dtype or exprs[0].dtype, name, exprs)
