@@ -11,6 +11,7 @@ import kiln
 from kiln import tir
 from kiln.codegen import jit
 from kiln.codegen.llvm import emit_llvm_ir
+from kiln.runtime.module import KernelMemoryError
 from kiln.target import Target
 
 
@@ -282,3 +283,44 @@ def test_vectorized_exp_leaves_no_libm_call():
     callees = re.findall(r"call [^@]*@([\w.]+)", m.get_source("ll"))
     assert callees and all(c.startswith("llvm.") for c in callees), callees
     assert "<16 x float>" in m.get_source("ll") or not jit.has_feature(Target("llvm"), "avx512f")
+
+
+def _staged(n: tir.PrimExpr, temp_size: tir.PrimExpr, kind: tir.ForKind) -> tir.PrimFunc:
+    """B[i] = A[i] * 2 + 1 through a temporary of `temp_size` elements, allocated inside loop i."""
+    A, B = tir.buffer("A", (n,)), tir.buffer("B", (n,))
+    T = tir.buffer("T", (temp_size,), scope="global")
+    i, j = tir.Var("i"), tir.Var("j")
+    body = tir.for_range(i, 4, tir.Allocate(T, tir.seq(
+        tir.for_range(j, n, tir.BufferStore(T, A.load(j) * 2.0, (j,)), tir.ForKind.VECTORIZED),
+        tir.for_range(j, n // 4, tir.BufferStore(B, T.load(i * (n // 4) + j) + 1.0, (i * (n // 4) + j,))),
+    )), kind)
+    return tir.PrimFunc("staged", [A, B], body)
+
+
+@pytest.mark.parametrize("kind", [tir.ForKind.SERIAL, tir.ForKind.PARALLEL])
+def test_large_temporaries_live_on_the_heap(kind):
+    n = 1 << 22  # 16 MiB: twice a default thread stack, which an alloca would overflow (a segfault)
+    m = kiln.build(_staged(tir.const(n), tir.const(n), kind), target="llvm -num-cores=2")
+    assert "aligned_alloc" in m.get_source("ll") and "free" in m.get_source("ll")
+    a = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    out = np.zeros_like(a)
+    m(a, out)
+    np.testing.assert_allclose(out, a * 2 + 1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", [tir.ForKind.SERIAL, tir.ForKind.PARALLEL])
+@pytest.mark.parametrize("power", [3, 4])  # 2**48 floats: refused by malloc; 2**64: wraps int32 and int64 both
+def test_a_temporary_too_large_to_allocate_raises_and_the_kernel_stays_usable(kind, power):
+    n = tir.Var("n")
+    size = n
+    for _ in range(power - 1):
+        size = size * n
+    m = kiln.build(_staged(n, size, kind), target="llvm -num-cores=2")
+    big = np.zeros(1 << 16, np.float32)
+    with pytest.raises(KernelMemoryError, match=r"kernel 'staged': out of memory allocating its temporary "
+                                                r"buffers \(T\[.*\] float32\) for sizes \{'n': 65536\}"):
+        m(big, np.zeros_like(big))
+    a = np.arange(8, dtype=np.float32)
+    out = np.zeros_like(a)
+    m(a, out)
+    np.testing.assert_allclose(out, a * 2 + 1)

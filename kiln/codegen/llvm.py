@@ -1,9 +1,10 @@
 """Loop IR to LLVM IR (llvmlite.ir), one `PrimFunc` per LLVM module.
 
-The kernel ABI: `void name(T0* noalias p0, ..., i64 s0, ...)`: one pointer per
+The kernel ABI: `i32 name(T0* noalias p0, ..., i64 s0, ...)`: one pointer per
 buffer parameter, in order, then one int64 per symbolic dim
 (`PrimFunc.size_vars`, first-seen order). Buffers are flattened to 1-D
-row-major (`kiln.tir.flatten`) and indexed with int64 offsets.
+row-major (`kiln.tir.flatten`) and indexed with int64 offsets. It returns
+`STATUS_OK`, or `STATUS_OUT_OF_MEMORY` when a heap temporary could not be had.
 
 Choices, and why:
 - Loops are emitted as phi loops; VECTORIZED loops carry `llvm.loop.vectorize.*`
@@ -20,6 +21,10 @@ Choices, and why:
   fuses to fma); no `nnan`/`ninf`/`nsz`, so inf and NaN behave as in numpy.
   Signed int32/int64 add/sub/mul carry `nsw` (their overflow is undefined, as in C
   and TVM: index arithmetic then widens and vectorizes); int8/int16/uint8 wrap.
+- Temporaries of constant size up to 64 KiB live on the stack (an alloca in the entry
+  block, which LLVM promotes to registers); larger or symbolic ones come from
+  `aligned_alloc` (64-byte aligned) and are freed on every way out, so a 4 MiB packed
+  panel never overflows a thread's stack.
 - Integer division and modulo by zero give 0 (as numpy), never a trap; float to int
   casts saturate (`llvm.fptosi.sat`), NaN to 0.
 """
@@ -43,6 +48,7 @@ from kiln.tir.expr import (
     Add,
     And,
     BinaryOp,
+    Buffer,
     BufferLoad,
     Call,
     Cast,
@@ -63,6 +69,7 @@ from kiln.tir.expr import (
     is_float,
 )
 from kiln.tir.flatten import flatten
+from kiln.tir.functor import post_order_visit
 from kiln.tir.stmt import (
     Allocate,
     BufferStore,
@@ -95,6 +102,8 @@ _TYPES: dict[str, tuple[ir.Type, ir.Type, int]] = {
 _FLOAT_FLAGS = ("reassoc", "contract")
 _CMP = {EQ: "==", NE: "!=", LT: "<", LE: "<=", GT: ">", GE: ">="}
 _UNROLL_LIMIT = 64
+_STACK_LIMIT = 64 * 1024  # bytes: larger temporaries go to the heap
+STATUS_OK, STATUS_OUT_OF_MEMORY = 0, 1
 
 
 def supported_dtypes() -> tuple[str, ...]:
@@ -151,6 +160,8 @@ class _Func:
         self.vars: dict[int, ir.Value] = {}
         self.bufs: dict[int, ir.Value] = {}
         self.in_parallel = False
+        self.heap: list[ir.Value] = []  # live heap temporaries, outermost first (freed on every way out)
+        self.failed: ir.Value | None = None  # in a parallel body: the i32 flag it sets when out of memory
 
     def alloca(self, ty: ir.Type, count: int | None, name: str) -> ir.Value:
         """A stack slot in the entry block (so LLVM promotes it to registers)."""
@@ -184,7 +195,7 @@ class CodeGenLLVM:
         self.module = ir.Module(name=func.name)
         self.module.triple = jit.target_triple(self.target)
         args = [PTR] * len(flat.params) + [I64] * len(size_vars)
-        fn = self._function(func.name, ir.FunctionType(ir.VoidType(), args), internal=False)
+        fn = self._function(func.name, ir.FunctionType(I32, args), internal=False)
         self.f = _Func(fn)
         for i, buf in enumerate(flat.params):
             fn.args[i].name = buf.name
@@ -194,7 +205,7 @@ class CodeGenLLVM:
             arg.name = var.name
             self.f.vars[id(var)] = self._int_resize(arg, "int64", var.dtype)
         self.stmt(flat.body)
-        self.f.builder.ret_void()
+        self.f.builder.ret(I32(STATUS_OK))
         return str(self.module)
 
     def _function(self, name: str, fnty: ir.FunctionType, internal: bool) -> ir.Function:
@@ -253,16 +264,73 @@ class CodeGenLLVM:
             raise CodegenError(f"the llvm back end cannot compile statement {type(s).__name__}")
 
     def _allocate(self, s: Allocate) -> None:
-        (size,) = s.buffer.shape
-        if not isinstance(size, IntImm):
-            raise CodegenError(f"local buffer {s.buffer.name} needs a constant size, got {size}")
-        if s.buffer.scope not in ("local", "global"):
-            raise CodegenError(f"the llvm back end cannot allocate scope {s.buffer.scope!r} ({s.buffer.name})")
-        ptr = self.f.alloca(_mem(s.buffer.dtype), max(size.value, 1), s.buffer.name)
-        ptr.align = 64
-        self.f.bufs[id(s.buffer)] = ptr
+        """A temporary: on the stack up to `_STACK_LIMIT` bytes of constant size, else on the heap."""
+        buf = s.buffer
+        (size,) = buf.shape
+        if buf.scope not in ("local", "global"):
+            raise CodegenError(f"the llvm back end cannot allocate scope {buf.scope!r} ({buf.name})")
+        width = _TYPES[buf.dtype][2] // 8
+        if not _on_heap(buf):
+            assert isinstance(size, IntImm)
+            ptr = self.f.alloca(_mem(buf.dtype), max(size.value, 1), buf.name)
+            ptr.align = 64
+            self.f.bufs[id(buf)] = ptr
+            self.stmt(s.body)
+            del self.f.bufs[id(buf)]
+            return
+        b = self.f.builder
+        count, overflow = self._size_i64(size)
+        nbytes, over = self._checked(b, "mul", b.select(b.icmp_signed(">", count, I64(1)), count, I64(1)),
+                                     I64(width))
+        nbytes, over2 = self._checked(b, "add", nbytes, I64(63))
+        nbytes = b.and_(nbytes, I64(-64))  # aligned_alloc wants a multiple of the alignment
+        bad = b.or_(b.or_(overflow, over), b.or_(over2, b.icmp_signed("<", count, I64(0))))
+        # a size that overflows or is negative asks for 2**64 - 64 bytes, which fails like any other
+        ptr = llvm_math.intrinsic(b, "aligned_alloc", PTR, [I64(64), b.select(bad, I64(-64), nbytes)])
+        ok = self.f.fn.append_basic_block(f"{buf.name}.allocated")
+        fail = self.f.fn.append_basic_block(f"{buf.name}.out_of_memory")
+        b.cbranch(b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)), fail, ok)
+        b.position_at_end(fail)
+        self._leave_failed()
+        b.position_at_end(ok)
+        self.f.bufs[id(buf)] = ptr
+        self.f.heap.append(ptr)
         self.stmt(s.body)
-        del self.f.bufs[id(s.buffer)]
+        self.f.heap.pop()
+        del self.f.bufs[id(buf)]
+        llvm_math.intrinsic(self.f.builder, "free", ir.VoidType(), [ptr])
+
+    @staticmethod
+    def _checked(b: ir.IRBuilder, op: str, x: ir.Value, y: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """x op y in int64 and whether it overflowed (llvm.s{op}.with.overflow)."""
+        ty = ir.LiteralStructType([I64, I1])
+        pair = llvm_math.intrinsic(b, f"llvm.s{op}.with.overflow.i64", ty, [x, y])
+        return b.extract_value(pair, 0), b.extract_value(pair, 1)
+
+    def _size_i64(self, e: PrimExpr) -> tuple[ir.Value, ir.Value]:
+        """An allocation size in int64 and whether computing it overflowed: sums and products of
+        sizes are recomputed in int64 with overflow checks (in their own int32 they could wrap
+        to a small size, and the kernel would then write past its temporary)."""
+        b = self.f.builder
+        if isinstance(e, (Add, Sub, Mul)):
+            (x, ox), (y, oy) = self._size_i64(e.a), self._size_i64(e.b)
+            v, o = self._checked(b, {Add: "add", Sub: "sub", Mul: "mul"}[type(e)], x, y)
+            return v, b.or_(o, b.or_(ox, oy))
+        if isinstance(e, Cast) and e.dtype == "int64" and e.value.dtype in ("int32", "int64"):
+            return self._size_i64(e.value)
+        return self._int_resize(self.expr(e), e.dtype, "int64"), ir.Constant(I1, 0)
+
+    def _leave_failed(self) -> None:
+        """Frees this function's live heap temporaries and returns the out-of-memory status (from a
+        parallel body: sets the shared flag, which the launching function then returns)."""
+        b = self.f.builder
+        for p in reversed(self.f.heap):
+            llvm_math.intrinsic(b, "free", ir.VoidType(), [p])
+        if self.f.failed is not None:
+            b.store_atomic(I32(STATUS_OUT_OF_MEMORY), self.f.failed, "monotonic", 4)
+            b.ret_void()
+        else:
+            b.ret(I32(STATUS_OUT_OF_MEMORY))
 
     def _address(self, buf: Any, index: PrimExpr, inbounds: bool = True) -> ir.Value:
         ptr = self.f.bufs.get(id(buf))
@@ -339,7 +407,9 @@ class CodeGenLLVM:
         extent = self._int_resize(self.expr(s.extent), s.extent.dtype, "int64")
         var_items = list(outer.vars.items())
         buf_items = list(outer.bufs.items())
-        captured = [v for _, v in var_items] + [p for _, p in buf_items]
+        failed = outer.alloca(I32, None, f"{base}.failed")
+        b.store(I32(STATUS_OK), failed)
+        captured = [v for _, v in var_items] + [p for _, p in buf_items] + [failed]
         fields = [I64, I64] + [v.type for v in captured]
         struct_ty = ir.LiteralStructType(fields)
         data = outer.alloca(struct_ty, None, f"{base}.data")
@@ -350,6 +420,7 @@ class CodeGenLLVM:
         body_fn = self._function(f"{base}.body", ir.FunctionType(ir.VoidType(), [I64, I64, *fields[2:]]), True)
         self.f = inner = _Func(body_fn)
         inner.in_parallel = True
+        inner.failed = body_fn.args[-1]
         for i, (key, _) in enumerate(var_items):
             inner.vars[key] = body_fn.args[2 + i]
         for i, (key, _) in enumerate(buf_items):
@@ -379,6 +450,12 @@ class CodeGenLLVM:
         gomp = self.module.globals.get("GOMP_parallel") or ir.Function(
             self.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]), "GOMP_parallel")
         b.call(gomp, [tramp, data, I32(self.num_threads), I32(0)])
+        fail = outer.fn.append_basic_block(f"{base}.out_of_memory")
+        done = outer.fn.append_basic_block(f"{base}.done")
+        b.cbranch(b.icmp_signed("!=", b.load(failed), I32(STATUS_OK)), fail, done)
+        b.position_at_end(fail)
+        self._leave_failed()
+        b.position_at_end(done)
 
     # -- expressions ---------------------------------------------------------------------
 
@@ -564,6 +641,19 @@ def _widest_store(s: Stmt) -> int:
             if s.else_case is not None:
                 stack.append(s.else_case)
     return widest or 32
+
+
+def _on_heap(buf: Buffer) -> bool:
+    (size,) = buf.shape
+    return not (isinstance(size, IntImm) and size.value * _TYPES[buf.dtype][2] // 8 <= _STACK_LIMIT)
+
+
+def heap_temporaries(func: PrimFunc) -> list[Buffer]:
+    """The temporaries of (flattened) `func` that the kernel takes from the heap."""
+    found: list[Buffer] = []
+    post_order_visit(flatten(func).body, lambda n: found.append(n.buffer)
+                     if isinstance(n, Allocate) and _on_heap(n.buffer) else None)
+    return found
 
 
 def emit_llvm_ir(func: PrimFunc, target: Target) -> str:

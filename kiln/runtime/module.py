@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from kiln.codegen.jit import Engine
+from kiln.codegen.llvm import STATUS_OK, heap_temporaries
 from kiln.errors import KilnError
 from kiln.target import Target
 from kiln.tir.expr import IntImm, Var
@@ -33,6 +34,10 @@ _INT32_MAX = 2**31 - 1
 
 class ArgumentError(KilnError, TypeError, ValueError):
     """Arrays passed to a compiled kernel that do not fit its parameters."""
+
+
+class KernelMemoryError(KilnError, MemoryError):
+    """A kernel that could not allocate its temporary buffers (it freed what it had and stopped)."""
 
 
 def numpy_dtype(dtype: str) -> np.dtype[Any]:
@@ -91,7 +96,7 @@ class Module:
         self._lock = threading.Lock()
         self._engine = Engine(obj, target, symbols, func.name)
         weakref.finalize(self, self._engine.close)
-        proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(self._params)),
+        proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * len(self._params)),
                                  *([ctypes.c_int64] * len(self._size_vars)))
         self._cfunc = proto(self._engine.address(func.name))
         self.object_size = len(obj)
@@ -105,9 +110,16 @@ class Module:
 
         Raises:
             ArgumentError: when any array does not fit its parameter.
+            KernelMemoryError: when the kernel could not allocate its temporary buffers.
         """
         sizes = self._check(arrays)
-        self._cfunc(*[a.ctypes.data for a in arrays], *sizes)
+        status = self._cfunc(*[a.ctypes.data for a in arrays], *sizes)
+        if status != STATUS_OK:
+            temps = ", ".join(f"{b.name}{list(map(str, b.shape))} {b.dtype}" for b in heap_temporaries(self.func))
+            raise KernelMemoryError(
+                f"kernel {self.name!r}: out of memory allocating its temporary buffers ({temps}) "
+                f"for sizes {dict(zip((v.name for v in self._size_vars), sizes, strict=True))}"
+            )
 
     def _fail(self, param: _Param | None, message: str) -> ArgumentError:
         where = f"kernel {self.name!r}" + (f", parameter {param.name!r}" if param is not None else "")
