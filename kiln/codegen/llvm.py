@@ -370,7 +370,10 @@ class CodeGenLLVM:
         if width <= 1:
             return None
         return _LoopMD(m, [m.add_metadata(["llvm.loop.vectorize.enable", ir.Constant(I1, 1)]),
-                           m.add_metadata(["llvm.loop.vectorize.width", ir.Constant(I32, width)])])
+                           m.add_metadata(["llvm.loop.vectorize.width", ir.Constant(I32, width)]),
+                           m.add_metadata(["llvm.loop.unroll.disable"]),
+                           m.add_metadata(["llvm.loop.vectorize.followup_vectorized",
+                                           m.add_metadata(["llvm.loop.isvectorized"])])])
 
     def _loop(self, var: Var, begin: ir.Value, end: ir.Value, body: Stmt, md: ir.values.MDValue | None) -> None:
         b, fn = self.f.builder, self.f.fn
