@@ -19,6 +19,13 @@ from kiln.registry.attr_registry import (
 )
 from kiln.registry.batch import RegistrationEvent, add_watcher, deferred, remove_watcher, scope
 from kiln.registry.export import export_json, format_op, format_table, op_record
+from kiln.registry.impl import (
+    Implementation,
+    NoImplementationError,
+    implementations,
+    register_implementation,
+    select_implementation,
+)
 from kiln.registry.op import (
     Argument,
     Op,
@@ -34,6 +41,8 @@ from kiln.registry.site import Site, mark_registration_helper
 __all__ = [
     "Argument",
     "AttrKey",
+    "Implementation",
+    "NoImplementationError",
     "AttrMap",
     "AttrRegistry",
     "Op",
@@ -54,12 +63,15 @@ __all__ = [
     "export_json",
     "format_op",
     "format_table",
+    "implementations",
     "instance_of",
     "is_callable",
     "mark_registration_helper",
     "op_record",
     "op_registry",
+    "register_implementation",
     "register_op",
     "remove_watcher",
     "scope",
+    "select_implementation",
 ]

@@ -1,0 +1,1 @@
+"""Lowering Relay to compiled kernels (te_compiler) and relay.build."""

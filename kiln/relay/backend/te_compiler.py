@@ -1,0 +1,203 @@
+"""Lowering a primitive (fused) Relay function to one compiled kernel.
+
+For each call in the function, in order, the op's implementation is selected
+from the registry's table (target kind, input dtypes, and a label forced
+through `PassContext(config={"relay.backend.use_label": {op: label}})`) and
+its compute builds te tensors from the tensors of the call's arguments. The
+anchor is the call with the most general `TOpPattern` (the last among equals);
+the group's other stages without reductions are inlined, and the anchor's
+implementation schedules the rest. Groups that are structurally equal (same
+ops, attrs, types) on the same target compile once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import kiln
+from kiln import te
+from kiln.errors import KilnError
+from kiln.ir.transform import PassContext, register_config
+from kiln.ir.types import SymDim, TensorType, TupleType, Type
+from kiln.registry import Op, OpPattern, attr, select_implementation
+from kiln.relay import expr as rx
+from kiln.relay.analysis import structural_hash
+from kiln.relay.visitor import post_order
+from kiln.runtime.module import Module
+from kiln.target import Target
+
+USE_LABEL = "relay.backend.use_label"
+register_config(USE_LABEL, dict, "op name -> the implementation label lowering must use for it")
+
+
+class LoweringError(KilnError):
+    """A primitive function that cannot be lowered (unsupported node, a compute that broke its contract)."""
+
+
+def _tensor_types(t: Type, where: str) -> list[TensorType]:
+    if isinstance(t, TensorType):
+        return [t]
+    if isinstance(t, TupleType):
+        return [x for f in t.fields for x in _tensor_types(f, where)]
+    raise LoweringError(f"{where}: cannot lower a value of type {t}")
+
+
+class _Lowerer:
+    def __init__(self, func: rx.Function, target: Target) -> None:
+        self.func = func
+        self.target = target
+        self.dims: dict[int, Any] = {}
+        self.inputs: list[te.Tensor] = []
+        self.constants: list[np.ndarray] = []
+        self.labels: dict[str, str] = dict(PassContext.current().config.get(USE_LABEL) or {})
+
+    def _shape(self, ty: TensorType, where: str) -> list[Any]:
+        shape: list[Any] = []
+        for d in ty.shape:
+            if isinstance(d, int):
+                shape.append(d)
+            elif isinstance(d, SymDim):
+                raise LoweringError(f"{where}: symbolic dim {d} is not supported by relay.build yet")
+            else:
+                raise LoweringError(f"{where}: dim {d} is not static")
+        return shape
+
+    def _placeholder(self, ty: TensorType, name: str, where: str) -> te.Tensor:
+        t = te.placeholder(self._shape(ty, where), dtype=str(ty.dtype), name=name)
+        self.inputs.append(t)
+        return t
+
+    def run(self) -> tuple[te.Schedule, list[te.Tensor], list[te.Tensor]]:
+        env: dict[int, list[te.Tensor]] = {}
+        for p in self.func.params:
+            (ty,) = _tensor_types(p.checked_type, f"parameter {p.name_hint}")
+            env[id(p)] = [self._placeholder(ty, p.name_hint, f"parameter {p.name_hint}")]
+        anchor: tuple[OpPattern, Any, list[te.Tensor]] | None = None
+        for node in post_order(self.func.body):
+            if id(node) in env or isinstance(node, rx.Var):
+                if id(node) not in env:
+                    raise LoweringError(f"free variable {node} in a primitive function")
+                continue
+            if isinstance(node, rx.Constant):
+                self.constants.append(np.ascontiguousarray(node.data))
+                env[id(node)] = [self._placeholder(node.type, f"const{len(self.constants)}", "a constant")]
+            elif isinstance(node, rx.Tuple):
+                env[id(node)] = [t for f in node.fields for t in env[id(f)]]
+            elif isinstance(node, rx.TupleGetItem):
+                field_types = node.tuple_value.checked_type
+                assert isinstance(field_types, TupleType)
+                start = sum(len(_tensor_types(f, "a tuple field")) for f in field_types.fields[: node.index])
+                width = len(_tensor_types(field_types.fields[node.index], "a tuple field"))
+                env[id(node)] = env[id(node.tuple_value)][start:start + width]
+            elif isinstance(node, rx.Call) and isinstance(node.op, Op):
+                outs, pattern, impl = self._call(node, [t for a in node.args for t in env[id(a)]])
+                env[id(node)] = outs
+                if anchor is None or pattern >= anchor[0]:
+                    anchor = (pattern, impl, outs)
+            else:
+                raise LoweringError(f"cannot lower a {type(node).__name__} inside a primitive function")
+        outs = self._distinct(env[id(self.func.body)])
+        sch = te.create_schedule(outs)
+        out_ops = {id(t.op) for t in outs}
+        if anchor is None or anchor[0] <= OpPattern.INJECTIVE:
+            anchor_outs, schedule = outs, (anchor[1].schedule if anchor else _schedule_copy)
+        else:
+            anchor_outs, schedule = anchor[2], anchor[1].schedule
+        keep = out_ops | {id(t.op) for t in anchor_outs}
+        for stage in list(sch.stages):
+            if id(stage.op) not in keep and not stage.op.reduce_axis and stage.attach_type is te.AttachType.ROOT:
+                stage.compute_inline()
+        schedule(sch, anchor_outs, outs, self.target)
+        return sch, self.inputs, outs
+
+    def _call(self, call: rx.Call, inputs: list[te.Tensor]) -> tuple[list[te.Tensor], OpPattern, Any]:
+        op = call.op
+        assert isinstance(op, Op)
+        dtypes = [t.dtype for t in inputs]
+        impl = select_implementation(op.name, self.target.kind.name, dtypes, self.labels.get(op.name))
+        out_types = _tensor_types(call.checked_type, f"op {op.name}")
+        outs = impl.compute(call.attrs, inputs, call.checked_type)
+        if not isinstance(outs, (list, tuple)) or len(outs) != len(out_types) or not all(
+            isinstance(t, te.Tensor) for t in outs
+        ):
+            raise LoweringError(
+                f"op {op.name}: implementation {impl.name!r} returned {outs!r}; expected a list of "
+                f"{len(out_types)} te tensor(s)"
+            )
+        for t, ty in zip(outs, out_types, strict=True):
+            shape = [int(getattr(d, "value", -1)) for d in t.shape]
+            if shape != list(ty.shape) or t.dtype != str(ty.dtype):
+                raise LoweringError(
+                    f"op {op.name}: implementation {impl.name!r} computed {t.dtype}{shape}, "
+                    f"but the op's type is {ty}"
+                )
+        return list(outs), op.get_attr(attr.TOpPattern, OpPattern.OPAQUE), impl
+
+    def _distinct(self, outs: list[te.Tensor]) -> list[te.Tensor]:
+        """The outputs, each its own computed tensor (an input or a repeat gets a copy stage)."""
+        seen: set[int] = set()
+        result = []
+        for t in outs:
+            if id(t.op) in seen or isinstance(t.op, te.PlaceholderOp):
+                src = t
+                t = te.compute(src.shape, lambda *i, s=src: s[i], name=f"{src.name}_copy")
+            seen.add(id(t.op))
+            result.append(t)
+        return result
+
+
+def _schedule_copy(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                   target: Target) -> None:
+    from kiln.relay.op._schedule import schedule_injective
+
+    schedule_injective(sch, anchor_outs, outs, target)
+
+
+class CompiledKernel:
+    """One compiled primitive function: call it with numpy inputs, get numpy outputs."""
+
+    def __init__(self, name: str, module: Module, n_inputs: int, constants: list[np.ndarray],
+                 out_types: list[TensorType]) -> None:
+        self.name = name
+        self.module = module
+        self.n_inputs = n_inputs
+        self.constants = constants
+        self.out_types = out_types
+
+    def __call__(self, *inputs: np.ndarray, outs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Runs the kernel; allocates the outputs unless `outs` are given."""
+        if outs is None:
+            outs = [np.empty([d for d in ty.shape if isinstance(d, int)], str(ty.dtype)) for ty in self.out_types]
+        self.module(*inputs, *self.constants, *outs)
+        return list(outs)
+
+
+_CACHE: dict[tuple[int, str], list[tuple[rx.Function, CompiledKernel]]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: str = "fused") -> CompiledKernel:
+    """Lowers and compiles the type-checked primitive function `func` for `target`.
+
+    Structurally equal functions compile once per target (and per forced labels).
+    """
+    from kiln.relay.analysis import structural_equal
+
+    tgt = target if isinstance(target, Target) else Target(target)
+    lowerer = _Lowerer(func, tgt)
+    key = (structural_hash(func), f"{tgt} {sorted(lowerer.labels.items())}")
+    with _CACHE_LOCK:
+        for other, kernel in _CACHE.get(key, []):
+            if structural_equal(other, func):
+                return kernel
+    sch, inputs, outs = lowerer.run()
+    module = kiln.build(sch, [*inputs, *outs], target=tgt, name=name)
+    out_types = [TensorType([int(getattr(d, "value", 0)) for d in t.shape], t.dtype) for t in outs]
+    kernel = CompiledKernel(name, module, len(func.params), lowerer.constants, out_types)
+    with _CACHE_LOCK:
+        _CACHE.setdefault(key, []).append((func, kernel))
+    return kernel

@@ -1,0 +1,140 @@
+"""Generic CPU schedules, and the helper that registers an op's compute with them.
+
+Every op registers its te compute in its own place (`relay/op/<family>.py`)
+with `register_compute(name, compute)`: that sets the op's `FCompute` and adds
+a "generic" implementation whose schedule follows the op's `TOpPattern`
+(`schedule_injective` for elementwise, broadcast and injective ops,
+`schedule_reduce` for reductions, `schedule_generic` otherwise). Ops with
+better schedules pass `schedule=` or register more implementations with
+`registry.register_implementation`.
+
+A schedule is called as `schedule(sch, anchor_outs, outs, target)`: `sch` is
+the schedule of a whole fused group, whose injective stages other than the
+group's outputs are already inlined; `anchor_outs` are the tensors of the
+group's anchor op (the one whose implementation was chosen to schedule the
+group) and `outs` the group's outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kiln import te
+from kiln.registry import Op, OpPattern, attr, mark_registration_helper, register_implementation, register_op
+from kiln.target import Target
+
+mark_registration_helper(__file__)
+
+_VECTOR_BYTES = 64  # one zmm register; LLVM narrows it on hosts without AVX-512
+_PARALLEL_MIN = 16 * 1024  # elements below which a kernel runs on one core (fork-join costs a few us)
+
+
+def _lanes(t: te.Tensor) -> int:
+    bits = {"float64": 64, "int64": 64, "float32": 32, "int32": 32, "int16": 16, "float16": 16}.get(t.dtype, 8)
+    return max(1, _VECTOR_BYTES * 8 // bits)
+
+
+def _static_size(t: te.Tensor) -> int | None:
+    size = 1
+    for d in t.shape:
+        value = getattr(d, "value", None)
+        if not isinstance(value, int):
+            return None
+        size *= value
+    return size
+
+
+def schedule_injective_stage(sch: te.Schedule, t: te.Tensor) -> None:
+    """One injective stage: all axes fused, split into vector-wide chunks, the chunks parallel.
+
+    The innermost chunk is vectorized; blocks of chunks run on the cores when the
+    tensor is large enough for it to pay.
+    """
+    stage = sch[t]
+    axes = list(stage.op.axis)
+    if not axes:
+        return
+    fused = axes[0] if len(axes) == 1 else stage.fuse(*axes)
+    lanes = _lanes(t)
+    size = _static_size(t)
+    if size is not None and size < lanes:
+        return
+    outer, inner = stage.split(fused, factor=lanes)
+    stage.vectorize(inner)
+    if size is None or size >= _PARALLEL_MIN:
+        block, _ = stage.split(outer, factor=64)
+        stage.parallel(block)
+
+
+def schedule_injective(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                       target: Target) -> None:
+    """Elementwise, broadcast and injective groups: each output as `schedule_injective_stage`."""
+    del anchor_outs, target
+    for t in outs:
+        schedule_injective_stage(sch, t)
+
+
+def _schedule_rest(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor]) -> None:
+    """The group's outputs that are not the anchor's (an elementwise epilogue), as injective stages."""
+    anchors = {id(t.op) for t in anchor_outs}
+    for t in outs:
+        if id(t.op) not in anchors:
+            schedule_injective_stage(sch, t)
+
+
+def schedule_reduce(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                    target: Target) -> None:
+    """A reduction: its data-parallel axes fused and run on the cores, the reduction loops inside.
+
+    Its elementwise inputs are already inlined into it; an elementwise epilogue
+    runs as its own injective loop nest in the same kernel.
+    """
+    del target
+    for t in anchor_outs:
+        stage = sch[t]
+        axes = list(stage.op.axis)
+        if axes:
+            fused = axes[0] if len(axes) == 1 else stage.fuse(*axes)
+            size = _static_size(t)
+            if size is None or size >= 2:
+                stage.parallel(fused)
+    _schedule_rest(sch, anchor_outs, outs)
+
+
+def schedule_generic(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                     target: Target) -> None:
+    """Any other op: its outermost output axis on the cores, the rest as the compute wrote it."""
+    del target
+    for t in anchor_outs:
+        stage = sch[t]
+        if stage.op.axis and (_static_size(t) or _PARALLEL_MIN) >= _PARALLEL_MIN // 64:
+            stage.parallel(stage.op.axis[0])
+    _schedule_rest(sch, anchor_outs, outs)
+
+
+def default_schedule(pattern: OpPattern) -> Callable[..., None]:
+    """The generic schedule for an op of `pattern`."""
+    if pattern <= OpPattern.INJECTIVE:
+        return schedule_injective
+    if pattern is OpPattern.COMM_REDUCE:
+        return schedule_reduce
+    return schedule_generic
+
+
+def register_compute(
+    name: str, compute: Callable[..., Any], schedule: Callable[..., None] | None = None, plevel: int = 10
+) -> None:
+    """Sets op `name`'s `FCompute` and registers its "generic" implementation (for every target).
+
+    Args:
+        name: the op (registered already, with its `TOpPattern`).
+        compute: `(attrs, inputs, out_type) -> list of te tensors`.
+        schedule: the generic schedule; by default the one for the op's pattern.
+        plevel: the plevel of the `FCompute` attribute.
+    """
+    op = Op.get(name)
+    register_op(name).set_attr(attr.FCompute, compute, plevel)
+    if schedule is None:
+        schedule = default_schedule(op.get_attr(attr.TOpPattern, OpPattern.OPAQUE))
+    register_implementation(name, compute, schedule, name="generic", priority=0)
