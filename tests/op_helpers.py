@@ -47,7 +47,7 @@ def build_op(op: str, *arrays: np.ndarray, target: str = "llvm", **kw: Any) -> l
     from kiln.relay.backend.te_compiler import compile_primitive
 
     params = [relay.var(f"x{i}", shape=a.shape, dtype=str(a.dtype)) for i, a in enumerate(arrays)]
-    func = relay.infer_type(relay.Function(params, relay.call(op, params, make_attrs(op, **kw))))
+    func = relay.infer_type(relay.Function(params, relay.expr.call(op, params, make_attrs(op, **kw))))
     return compile_primitive(func, target, name=op.replace(".", "_"))(*arrays)
 
 

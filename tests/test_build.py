@@ -57,8 +57,8 @@ def test_build_renames_the_kernel(no_cache):
 
 
 def test_get_source_formats(module):
-    assert re.search(r"define .*i32 @axpy\(", module.get_source("ll"))
-    assert "axpy:" in module.get_source("asm")
+    assert re.search(r"define .*i32 @kiln_axpy\(", module.get_source("ll"))
+    assert "kiln_axpy:" in module.get_source("asm")
     assert module.get_source("tir") == str(_func())
     with pytest.raises(ValueError, match="'ll', 'asm' or 'tir'"):
         module.get_source("ptx")
@@ -157,7 +157,7 @@ def test_cache_disk_hit_loads_object_code(cache_dir):
     a += 3
     m2(a, b)
     np.testing.assert_array_equal(b, a * 2 + 1)
-    assert re.search(r"define .*i32 @axpy\(", m2.get_source("ll"))  # regenerated on demand
+    assert re.search(r"define .*i32 @kiln_axpy\(", m2.get_source("ll"))  # regenerated on demand
 
 
 def test_cache_key_depends_on_ir_and_target(cache_dir):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from op_helpers import RNG, make_attrs, rand, ref, rel
+from op_helpers import RNG, check_build, make_attrs, rand, ref, rel
 
 from kiln import relay
 from kiln.ir.attrs import AttrsError
@@ -594,3 +594,75 @@ def test_conv_call_round_trips_through_the_text_format(index) -> None:
     assert astext(again) == text
     assert again.body.attrs == call.attrs
     assert relay.infer_type(again).checked_type.ret_type == relay.infer_type(func).checked_type.ret_type
+
+
+# --- computes: each op compiled through the lowering path agrees with its reference -----------------
+
+
+def _int8(*shape: int) -> np.ndarray:
+    return RNG.integers(-20, 20, shape).astype("int8")
+
+
+CONV2D_CASES = [
+    ((1, 3, 6, 6), (4, 3, 3, 3), {}),
+    ((2, 3, 7, 7), (4, 3, 3, 3), {"strides": 2}),
+    ((1, 3, 7, 6), (4, 3, 3, 3), {"padding": 1}),
+    ((1, 3, 7, 6), (4, 3, 3, 2), {"strides": (2, 1), "padding": (1, 0, 2, 1)}),
+    ((1, 2, 9, 9), (3, 2, 3, 3), {"dilation": 2, "padding": 2}),
+    ((1, 2, 9, 8), (3, 2, 2, 3), {"dilation": (2, 1), "strides": (1, 3), "padding": (0, 2)}),
+    ((2, 4, 7, 6), (4, 2, 3, 2), {"groups": 2, "strides": (2, 1), "padding": (1, 0, 2, 1)}),
+    ((1, 3, 7, 7), (3, 1, 3, 3), {"groups": 3, "padding": 2, "dilation": 2}),
+    ((1, 4, 6, 6), (8, 1, 3, 3), {"groups": 4, "padding": 1}),
+    ((1, 6, 5, 5), (4, 3, 1, 1), {"groups": 2}),
+    ((1, 8, 16, 16), (8, 8, 3, 3), {"padding": 1}),
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), CONV2D_CASES)
+def test_conv2d_builds(x_shape, w_shape, kw) -> None:
+    check_build("nn.conv2d", rand(*x_shape), rand(*w_shape), rtol=1e-4, atol=1e-5, **kw)
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [CONV2D_CASES[i] for i in (0, 3, 5, 6, 8)])
+def test_conv2d_builds_nhwc_hwio(x_shape, w_shape, kw) -> None:
+    x = rand(*x_shape).transpose(0, 2, 3, 1).copy()
+    w = rand(*w_shape).transpose(2, 3, 1, 0).copy()
+    check_build("nn.conv2d", x, w, rtol=1e-4, atol=1e-5, data_layout="NHWC", **kw)
+
+
+def test_conv2d_builds_nhwc_with_an_oihw_kernel() -> None:
+    check_build("nn.conv2d", rand(1, 6, 6, 4), rand(2, 4, 3, 3), rtol=1e-4, atol=1e-5, padding=1,
+                data_layout="NHWC", kernel_layout="OIHW")
+
+
+def test_conv2d_builds_int8_accumulating_in_out_dtype() -> None:
+    check_build("nn.conv2d", _int8(1, 4, 6, 6), _int8(4, 2, 3, 3), groups=2, padding=1, out_dtype="int32")
+    check_build("nn.conv2d", rand(1, 2, 5, 5), rand(3, 2, 3, 3), out_dtype="float64", rtol=1e-6)
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [
+    ((1, 3, 4, 4), (3, 2, 3, 3), {}),
+    ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": 2}),
+    ((1, 2, 4, 4), (2, 3, 3, 2), {"strides": (2, 3), "padding": (1, 0, 0, 1), "output_padding": (1, 2)}),
+    ((2, 4, 3, 3), (4, 2, 3, 3), {"groups": 2, "strides": 2, "padding": 1, "output_padding": 1}),
+    ((1, 2, 4, 4), (2, 2, 2, 3), {"dilation": 2, "padding": 1}),
+    ((1, 2, 3, 4), (2, 1, 3, 3), {"dilation": (2, 1), "strides": (1, 2), "output_padding": (1, 1)}),
+])
+def test_conv2d_transpose_builds(x_shape, w_shape, kw) -> None:
+    check_build("nn.conv2d_transpose", rand(*x_shape), rand(*w_shape), rtol=1e-4, atol=1e-5, **kw)
+
+
+def test_conv2d_transpose_builds_with_out_dtype() -> None:
+    check_build("nn.conv2d_transpose", _int8(1, 2, 3, 3), _int8(2, 2, 2, 2), strides=2, out_dtype="int32")
+
+
+def test_conv2d_fuses_with_its_bias_and_relu_epilogue() -> None:
+    from kiln.relay.backend.te_compiler import compile_primitive
+
+    x, w, b = rand(1, 4, 8, 8), rand(6, 4, 3, 3), rand(6)
+    params = [relay.var("x", shape=x.shape), relay.var("w", shape=w.shape), relay.var("b", shape=b.shape)]
+    body = relay.nn.relu(relay.nn.bias_add(relay.nn.conv2d(params[0], params[1], padding=1), params[2]))
+    func = relay.infer_type(relay.Function(params, body))
+    (got,) = compile_primitive(func, "llvm", name="conv_bias_relu")(x, w, b)
+    conv = ref("nn.conv2d", x, w, padding=1)
+    np.testing.assert_allclose(got, np.maximum(conv + b[None, :, None, None], 0), rtol=1e-4, atol=1e-5)

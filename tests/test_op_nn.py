@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from op_helpers import make_attrs, rand, ref, rel, type_of
+from op_helpers import check_build, make_attrs, rand, ref, rel, type_of
 
 from kiln import relay
 from kiln.ir.attrs import AttrsError
@@ -511,3 +511,86 @@ def test_nn_call_round_trips_through_the_text_format(index) -> None:
     assert astext(again) == text
     assert again.body.op is call.op
     assert again.body.attrs == call.attrs
+
+
+# --- computes: each op compiled through the lowering path agrees with its reference -----------------
+
+NN_FAMILY = [
+    "nn.relu", "nn.leaky_relu", "nn.gelu", "nn.prelu", "nn.bias_add", "nn.dense", "nn.matmul", "nn.batch_matmul",
+    "nn.softmax", "nn.log_softmax", "nn.batch_norm", "nn.layer_norm", "nn.dropout", "nn.pad", "nn.conv2d",
+    "nn.conv2d_transpose", "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d", "nn.global_max_pool2d",
+]
+
+
+@pytest.mark.parametrize("op", NN_FAMILY)
+def test_every_nn_op_has_a_compute(op: str) -> None:
+    assert callable(Op.get(op).get_attr(attr.FCompute))
+
+
+def _ints(*shape: int, dtype: str = "int32") -> np.ndarray:
+    return np.random.default_rng(1).integers(-50, 50, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 40), (2, 3, 4, 5), (64, 300)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_relu_builds(shape, dtype) -> None:
+    check_build("nn.relu", rand(*shape, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int8"])
+def test_relu_builds_for_integers(dtype) -> None:
+    check_build("nn.relu", _ints(5, 9, dtype=dtype))
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.2, -0.5])
+def test_leaky_relu_builds(alpha) -> None:
+    check_build("nn.leaky_relu", rand(4, 33), alpha=alpha)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gelu_builds(approximate, dtype) -> None:
+    check_build("nn.gelu", rand(3, 50, dtype=dtype) * 3, rtol=1e-5, atol=1e-5, approximate=approximate)
+
+
+@pytest.mark.parametrize(("op", "shape", "axis"), [
+    ("nn.prelu", (2, 3, 4, 5), 1), ("nn.prelu", (2, 4, 5, 3), -1), ("nn.prelu", (6, 7), 0),
+    ("nn.bias_add", (2, 3, 4, 5), 1), ("nn.bias_add", (4, 9), -1), ("nn.bias_add", (5,), 0),
+    ("nn.bias_add", (2, 3, 4, 5), 2),
+])
+def test_channel_vector_ops_build(op, shape, axis) -> None:
+    check_build(op, rand(*shape), rand(shape[axis]), axis=axis)
+
+
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+@pytest.mark.parametrize(("shape", "axis"), [((7,), 0), ((4, 9), -1), ((4, 9), 0), ((2, 3, 5), 1), ((64, 100), -1)])
+def test_softmax_builds(op, shape, axis) -> None:
+    check_build(op, rand(*shape), rtol=1e-5, atol=1e-6, axis=axis)
+
+
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+def test_softmax_build_is_stable_for_large_inputs(op) -> None:
+    x = rand(3, 10) * 1000
+    check_build(op, x, rtol=1e-5, atol=1e-5)
+    check_build(op, x.astype("float64"), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(3, 8), (2, 3, 4)])
+def test_dropout_builds_the_identity_and_a_ones_mask(shape) -> None:
+    check_build("nn.dropout", rand(*shape), rate=0.3)
+
+
+@pytest.mark.parametrize("pad_mode", ["constant", "edge", "reflect"])
+@pytest.mark.parametrize(("shape", "pad_width"), [
+    ((3, 4), ((1, 2), (0, 3))),
+    ((5,), ((2, 4),)),
+    ((2, 3, 4, 5), ((0, 0), (0, 0), (1, 1), (2, 3))),
+    ((6, 7), ((0, 0), (0, 0))),
+])
+def test_pad_builds(pad_mode, shape, pad_width) -> None:
+    check_build("nn.pad", rand(*shape), np.array(1.5, np.float32), pad_width=pad_width, pad_mode=pad_mode)
+
+
+def test_pad_builds_for_integers_and_large_inputs() -> None:
+    check_build("nn.pad", _ints(3, 4), np.array(-7, np.int32), pad_width=((2, 1), (1, 2)))
+    check_build("nn.pad", rand(64, 300), np.array(0.0, np.float32), pad_width=((1, 2), (3, 4)), pad_mode="reflect")

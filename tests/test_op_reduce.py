@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from op_helpers import check_build
 
 from kiln.ir.attrs import AttrsError
 from kiln.ir.types import ANY, IncompleteType, SizeVar, TensorType, TupleType, Type
@@ -320,3 +321,117 @@ def test_a_bad_reduction_axis_is_reported_with_the_op_and_argument() -> None:
     x = relay.var("x", shape=(2, 3))
     with pytest.raises(relay.TypeInferenceError, match=r"op max: axis 2 is out of range for a tensor of rank 2"):
         relay.infer_type(relay.Function([x], relay.max(x, axis=2)))
+
+
+# --- compiled: each reduction's te compute, lowered and run, against its numpy reference ----------------
+
+REDUCE_GRID = [
+    # shape, axis, keepdims, exclude
+    ((4, 17), None, False, False),
+    ((4, 17), 1, True, False),
+    ((2, 3, 5), (0, 2), False, False),
+    ((2, 3, 5), (-1,), True, False),
+    ((2, 3, 5), 1, False, True),
+    ((1, 7, 1), (0,), False, False),
+    ((6,), 0, True, False),
+    ((), None, False, False),
+    ((2, 3), (0, 1), False, True),  # excludes every axis: reduces none
+]
+
+
+def _data(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray[Any, Any]:
+    """Small values with ties: integers in [-4, 4] (few zeros), floats around them, or bools."""
+    r = np.random.default_rng(seed)
+    if dtype == "bool":
+        return np.asarray(r.random(shape) > 0.5)
+    x = r.integers(-4, 5, shape) if dtype != "float32" else r.standard_normal(shape) * 2
+    if dtype.startswith("u"):
+        x = np.abs(x)
+    return np.asarray(x, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+@pytest.mark.parametrize(("shape", "axis", "keepdims", "exclude"), REDUCE_GRID)
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_reductions_compile_and_match_reference(
+    op: str, shape: tuple[int, ...], axis: Any, keepdims: bool, exclude: bool, dtype: str
+) -> None:
+    x = _data(shape, dtype)
+    if op == "prod" and dtype == "int32":
+        x = np.asarray(np.clip(x, -3, 3))  # 17 factors stay in int32
+    check_build(op, x, axis=axis, keepdims=keepdims, exclude=exclude, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int64", "float64"])
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_reductions_compile_for_more_dtypes(op: str, dtype: str) -> None:
+    # short rows: LLVM takes seconds over an int8 product of 40 (0.6 s at 16)
+    x = _data((5, 12), dtype, seed=1)
+    check_build(op, x, axis=1, rtol=1e-12, atol=1e-12)
+    check_build(op, x, axis=0, keepdims=True, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_and_min_of_bools_compile(op: str) -> None:
+    x = np.array([[True, False, True], [True, True, True], [False, False, False]])
+    check_build(op, x, axis=1)
+    check_build(op, x)
+
+
+def test_integer_sums_wrap_and_means_truncate_toward_zero_when_compiled() -> None:
+    x = np.array([[-7, 0], [7, 0], [-1, -2], [5, 6]], np.int32)
+    check_build("mean", x, axis=1)
+    check_build("mean", np.array([-128, -128, -127], np.int8))  # the sum is past int8, the mean is not
+    check_build("sum", np.array([100, 100, 100], np.int8))  # wraps, as numpy's sum cast back to int8
+    check_build("prod", np.array([100, 3], np.int8))
+
+
+def test_reductions_propagate_nan_when_compiled() -> None:
+    x = np.array([[1.0, np.nan, 3.0], [1.0, 2.0, -np.inf]], np.float32)
+    for op in REDUCE_OPS:
+        check_build(op, x, axis=1)
+
+
+@pytest.mark.filterwarnings("ignore:Mean of empty slice", "ignore:invalid value encountered")
+@pytest.mark.parametrize("op", ["sum", "prod", "mean"])
+def test_reductions_over_an_empty_axis_compile(op: str) -> None:
+    check_build(op, np.zeros((3, 0), np.float32), axis=1)
+
+
+ARG_GRID = [
+    # shape, axis, keepdims, exclude
+    ((4, 17), None, False, False),
+    ((4, 17), 1, False, False),
+    ((4, 17), 0, True, True),
+    ((2, 3, 5), 1, True, False),
+    ((2, 3, 5), -1, False, False),
+    ((2, 3, 5), None, True, False),
+    ((1, 7, 1), None, False, False),
+    ((6,), 0, False, False),
+    ((), None, False, False),
+]
+
+
+@pytest.mark.parametrize("select_last_index", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+@pytest.mark.parametrize(("shape", "axis", "keepdims", "exclude"), ARG_GRID)
+@pytest.mark.parametrize("op", ARG_OPS)
+def test_arg_reductions_compile_and_match_reference(
+    op: str, shape: tuple[int, ...], axis: Any, keepdims: bool, exclude: bool, dtype: str, select_last_index: bool
+) -> None:
+    x = _data(shape, dtype)  # the int32 data has ties, where select_last_index matters
+    check_build(op, x, axis=axis, keepdims=keepdims, exclude=exclude, select_last_index=select_last_index)
+
+
+@pytest.mark.parametrize("op", ARG_OPS)
+def test_arg_reductions_of_nan_bool_and_int8_compile(op: str) -> None:
+    nan = np.array([[1.0, np.nan, 3.0, np.nan], [1.0, 5.0, 5.0, -1.0]], np.float32)
+    for last in (False, True):
+        check_build(op, nan, axis=1, select_last_index=last)  # numpy: the first (last) NaN wins
+    check_build(op, _data((3, 5), "bool"), axis=0)
+    check_build(op, _data((3, 5), "int8"), select_last_index=True)
+
+
+def test_every_reduction_has_a_compute() -> None:
+    for op in REDUCE_OPS + ARG_OPS:
+        assert Op.get(op).has_attr(attr.FCompute), op

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from op_helpers import check_build
 
 from kiln import relay
 from kiln.ir.attrs import AttrsError
@@ -186,3 +187,127 @@ def test_every_tensor_op_is_fully_registered() -> None:
         assert op.description and op.arguments and op.support_level == 1
         for key in (attr.TOpPattern, attr.FTypeRelation, attr.FReference):
             assert op.has_attr(key), (name, key.name)
+
+
+# --- compiled: each op's te compute, lowered and run, against its numpy reference -------------------
+
+NUMERIC_UNARY = ["negative", "abs", "sign"]
+POSITIVE_ONLY = {"log", "sqrt", "rsqrt"}
+UNARY_SHAPES = [(), (1,), (17,), (2, 3, 5)]
+
+
+def _values(shape: tuple[int, ...], dtype: str, seed: int = 0, positive: bool = False) -> np.ndarray:
+    """Test data of `dtype`: halves and zeros among the floats, small integers, random bools."""
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return np.asarray(rng.random(shape) > 0.5)
+    if np.dtype(dtype).kind in "iu":
+        low = 1 if positive else (0 if dtype.startswith("u") else -5)
+        return np.asarray(rng.integers(low, 6, shape), dtype)
+    x = rng.standard_normal(shape) * 2
+    x = np.where(rng.random(shape) < 0.25, np.round(x * 2) / 2, x)  # exact halves and integers
+    return np.asarray(np.abs(x) + 0.1 if positive else x, dtype)
+
+
+@pytest.mark.parametrize("shape", UNARY_SHAPES)
+@pytest.mark.parametrize("name", UNARY)
+def test_unary_ops_compile_and_match_reference(name: str, shape: tuple[int, ...]) -> None:
+    dtype = _dtype_for(name)
+    check_build(name, _values(shape, dtype, positive=name in POSITIVE_ONLY), rtol=2e-6, atol=1e-6)
+
+
+OTHER_DTYPE_CASES = [
+    (name, "float64") for name in sorted(FLOAT_ONLY)  # kernels named like the libm functions they call
+] + [(name, dtype) for name in NUMERIC_UNARY for dtype in ["float64", "int8", "int32", "int64", "uint8"]]
+
+
+@pytest.mark.parametrize(("name", "dtype"), OTHER_DTYPE_CASES)
+def test_unary_ops_compile_for_other_dtypes(name: str, dtype: str) -> None:
+    check_build(name, _values((3, 17), dtype, positive=name in POSITIVE_ONLY), rtol=1e-12, atol=1e-12)
+
+
+def test_unary_ops_keep_nan_and_infinity() -> None:
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
+    for name in ["negative", "abs", "sign", "floor", "ceil", "round", "sigmoid", "tanh"]:
+        check_build(name, x)
+
+
+BINARY_SHAPES = [((2, 3), (2, 3)), ((4, 1, 3), (5, 1)), ((), (17,)), ((1,), (3, 1))]
+DIVISIONS = {"divide", "floor_divide", "floor_mod"}
+
+
+def _binary_operands(name: str, lhs: tuple[int, ...], rhs: tuple[int, ...], dtype: str) -> list[np.ndarray]:
+    a, b = _values(lhs, dtype, 1, positive=name == "power"), _values(rhs, dtype, 2)
+    if name in DIVISIONS:  # no division by zero, divisors of both signs
+        b = np.where(b == 0, np.asarray(3, dtype), b).astype(dtype)
+    if name == "power" and dtype != "float32":
+        b = np.abs(b).astype(dtype)  # numpy refuses negative integer exponents
+    if name in COMPARISONS and dtype == "float32":  # some equal pairs
+        a, b = np.asarray(np.round(a), dtype), np.asarray(np.round(b), dtype)
+    return [a, b]
+
+
+@pytest.mark.parametrize(("lhs", "rhs"), BINARY_SHAPES)
+@pytest.mark.parametrize("name", BINARY)
+def test_binary_ops_compile_and_broadcast_like_numpy(name: str, lhs: tuple[int, ...], rhs: tuple[int, ...]) -> None:
+    atol = 1e-5 if name == "floor_mod" else 1e-6  # a - floor(a / b) * b rounds where numpy's fmod is exact
+    check_build(name, *_binary_operands(name, lhs, rhs, _dtype_for(name)), atol=atol)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64"])
+@pytest.mark.parametrize("name", [n for n in BINARY if not n.startswith("logical")])
+def test_binary_ops_compile_for_integers(name: str, dtype: str) -> None:
+    check_build(name, *_binary_operands(name, (4, 1, 17), (3, 1), dtype))
+
+
+def test_integer_division_by_negative_divisors_truncates_or_floors_like_numpy() -> None:
+    a = np.array([7, -7, 7, -7, 0, 6, -6], np.int32)
+    b = np.array([2, 2, -2, -2, 3, -3, -3], np.int32)
+    for name in sorted(DIVISIONS):
+        check_build(name, a, b)
+
+
+@pytest.mark.parametrize("name", ["maximum", "minimum", "equal", "not_equal", "less", "greater_equal"])
+def test_binary_ops_compile_for_bools(name: str) -> None:
+    check_build(name, _values((2, 5), "bool", 1), _values((5,), "bool", 2))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "int32"])
+@pytest.mark.parametrize(("a_min", "a_max"), [(-1.5, 2.5), (0.2, 0.7), (-1000.0, 1000.0), (-2.0, -2.0)])
+def test_clip_compiles_and_truncates_float_bounds_for_integers(dtype: str, a_min: float, a_max: float) -> None:
+    x = np.arange(-6, 7).astype(dtype) if dtype != "float32" else _values((3, 17), dtype)
+    check_build("clip", x, a_min=a_min, a_max=a_max)
+
+
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [("float32", "float64"), ("float32", "int32"), ("float32", "int8"), ("float32", "uint8"), ("float32", "bool"),
+     ("float64", "float32"), ("int32", "float32"), ("int32", "int8"), ("int32", "int64"), ("int8", "int32"),
+     ("uint8", "int32"), ("int64", "bool"), ("bool", "float32"), ("bool", "int32")],
+)
+def test_cast_compiles_for_dtype_pairs(src: str, dst: str) -> None:
+    rng = np.random.default_rng(3)
+    if src == "bool":
+        x = rng.random((3, 17)) > 0.5
+    elif dst == "uint8" or src == "uint8":
+        x = rng.uniform(0, 255, (3, 17)).astype(src)
+    else:
+        x = rng.uniform(-300, 300, (3, 17)).astype(src)  # past int8's range: numpy and kiln both wrap
+        x[0, :3] = 0
+    if src.startswith("float") and dst == "int8":
+        x = np.clip(x, -127, 127)  # float to out-of-range int is undefined in numpy
+    check_build("cast", x, dtype=dst)
+
+
+@pytest.mark.parametrize(
+    "shapes", [((2, 3), (2, 3), (2, 3)), ((4, 1), (1, 3), (3,)), ((), (17,), (1,)), ((2, 1, 1), (), (5, 1))]
+)
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_where_compiles_and_broadcasts_all_three_operands(shapes: tuple[tuple[int, ...], ...], dtype: str) -> None:
+    cond, x, y = shapes
+    check_build("where", _values(cond, "bool"), _values(x, dtype, 1), _values(y, dtype, 2))
+
+
+def test_every_tensor_op_has_a_compute() -> None:
+    for name in [*UNARY, *BINARY, "clip", "cast", "where"]:
+        assert Op.get(name).has_attr(attr.FCompute), name

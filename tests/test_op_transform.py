@@ -1,4 +1,5 @@
-"""The transform ops (kiln/relay/op/transform.py): relations, numpy references, errors, constructors."""
+"""The transform ops (kiln/relay/op/transform.py): relations, numpy references, errors, constructors,
+and each op compiled through the real lowering path."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from op_helpers import check_build
 
 from kiln.ir.attrs import Attrs, AttrsError
 from kiln.ir.types import ANY, IncompleteType, SizeVar, TensorType, TupleType, Type, dim_mul
@@ -702,3 +704,159 @@ def test_a_bad_concatenate_is_reported_with_the_op_and_argument() -> None:
     a, b = relay.var("a", shape=(2, 3)), relay.var("b", shape=(2, 4))
     with pytest.raises(relay.TypeInferenceError, match=r"op concatenate, argument data .*field 1 has shape \(2, 4\)"):
         relay.infer_type(relay.Function([a, b], relay.concatenate([a, b], axis=0)))
+
+
+# --- compiled: each op's te compute through the real lowering path ----------------------------
+
+DTYPES = ["float32", "int32"]
+
+
+def data(shape: tuple[int, ...], dtype: str) -> Array:
+    """Distinct values of `shape` and `dtype` (so a misplaced element always shows)."""
+    values = np.arange(math.prod(shape)).reshape(shape) * (1.5 if dtype == "float32" else 3) - 7
+    return np.asarray(values, dtype=dtype)
+
+
+def check_joined_build(op: str, arrays: list[Array], axis: int) -> None:
+    """Compiles concatenate or stack of `arrays` (its one argument, a tuple) and compares with the reference."""
+    from kiln import relay
+    from kiln.relay.backend.te_compiler import compile_primitive
+
+    params = [relay.var(f"x{i}", shape=a.shape, dtype=str(a.dtype)) for i, a in enumerate(arrays)]
+    body = T.concatenate(params, axis) if op == "concatenate" else T.stack(params, axis)
+    func = relay.infer_type(relay.Function(params, body))
+    (got,) = compile_primitive(func, "llvm", name=op)(*arrays)
+    want = reference(op, T.AxisAttrs(axis=axis), tuple(arrays))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("op", [r[0] for r in REGISTRY])
+def test_transform_ops_have_a_compute(op: str) -> None:
+    assert Op.get(op).get_attr(attr.FCompute) is not None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("shape", "newshape"),
+    [
+        ((3, 5, 7), (7, -1)),
+        ((3, 5, 7), (0, 35)),
+        ((2, 17), (34,)),
+        ((34,), (2, 1, 17)),
+        ((4, 6, 5), (8, 15)),
+        ((1, 19, 1), (19,)),
+        ((130, 131), (131, -1)),
+    ],
+)
+def test_reshape_compiles(shape: tuple[int, ...], newshape: tuple[int, ...], dtype: str) -> None:
+    check_build("reshape", data(shape, dtype), newshape=newshape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("shape", "axes"),
+    [((3, 5, 7), (2, 0, 1)), ((3, 5, 7), (-1, -3, -2)), ((3, 5, 7), None), ((17, 19), None),
+     ((2, 3, 4, 5), (0, 2, 3, 1)), ((129, 130), (1, 0)), ((6,), None)],
+)
+def test_transpose_compiles(shape: tuple[int, ...], axes: Any, dtype: str) -> None:
+    check_build("transpose", data(shape, dtype), axes=axes)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("shape", "axis"), [((3, 1, 7), (-2,)), ((1, 3, 1, 17, 1), None), ((1, 5), (0,)), ((1, 1), (0, -1))]
+)
+def test_squeeze_compiles(shape: tuple[int, ...], axis: Any, dtype: str) -> None:
+    check_build("squeeze", data(shape, dtype), axis=axis)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("shape", "axis", "num"), [((3, 17), -1, 2), ((3, 17), 0, 1), ((3, 17), 1, 0), ((), 0, 3), ((5, 3), -2, 1)]
+)
+def test_expand_dims_compiles(shape: tuple[int, ...], axis: int, num: int, dtype: str) -> None:
+    check_build("expand_dims", data(shape, dtype), axis=axis, num_newaxis=num)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 5, 7), (2, 1, 17), (4,), (5, 1)])
+def test_batch_flatten_compiles(shape: tuple[int, ...], dtype: str) -> None:
+    check_build("nn.batch_flatten", data(shape, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("shapes", "axis"),
+    [
+        ([(2, 3), (4, 3), (1, 3)], 0),
+        ([(2, 3), (2, 17)], -1),
+        ([(2, 3), (2, 0), (2, 5)], 1),
+        ([(2, 0), (2, 0)], -1),
+        ([(3, 4)], 0),
+        ([(2, 3, 5), (2, 4, 5), (2, 1, 5), (2, 9, 5)], -2),
+        ([(40, 300), (40, 200)], 1),
+    ],
+)
+def test_concatenate_compiles(shapes: list[tuple[int, ...]], axis: int, dtype: str) -> None:
+    check_joined_build("concatenate", [np.asarray(data(s, dtype) + k) for k, s in enumerate(shapes)], axis)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("shape", "count", "axis"), [((3, 5), 3, 0), ((3, 5), 2, -1), ((3, 5), 4, 1), ((17,), 1, 0),
+                                                      ((), 3, 0)])
+def test_stack_compiles(shape: tuple[int, ...], count: int, axis: int, dtype: str) -> None:
+    check_joined_build("stack", [np.asarray(data(shape, dtype) + k) for k in range(count)], axis)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("shape", "target"), [((3, 1), (2, 3, 19)), ((1,), (17,)), ((5,), (3, 5)), ((2, 1, 3), (2, 4, 3)), ((), (3, 4))]
+)
+def test_broadcast_to_compiles(shape: tuple[int, ...], target: tuple[int, ...], dtype: str) -> None:
+    check_build("broadcast_to", data(shape, dtype), shape=target)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("shape", "reps"), [((3, 5), (2, 1, 3)), ((17,), (2,)), ((2, 3), (1,)), ((2, 3), (2, 2)), ((1, 3), (4, 1))]
+)
+def test_tile_compiles(shape: tuple[int, ...], reps: tuple[int, ...], dtype: str) -> None:
+    check_build("tile", data(shape, dtype), reps=reps)
+
+
+@pytest.mark.parametrize(
+    ("value", "shape", "dtype"),
+    [(2.5, (3, 17), None), (2.5, (3, 17), "int32"), (-7, (19,), None), (-7, (2, 3), "float32"), (1.25, (), None)],
+)
+def test_full_compiles(value: float, shape: tuple[int, ...], dtype: str | None) -> None:
+    fill = np.array(value, dtype="float32" if isinstance(value, float) else "int32")
+    check_build("full", fill, shape=shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 17), (), (20, 33)])
+@pytest.mark.parametrize("op", ["zeros", "ones"])
+def test_zeros_and_ones_compile(op: str, shape: tuple[int, ...], dtype: str) -> None:
+    check_build(op, shape=shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["zeros_like", "ones_like"])
+def test_zeros_like_and_ones_like_compile(op: str, dtype: str) -> None:
+    check_build(op, data((3, 17), dtype))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("shape", [(3, 17, 2), (5,), (1, 2, 3, 4, 5)])
+def test_shape_of_compiles(shape: tuple[int, ...], dtype: str) -> None:
+    check_build("shape_of", data(shape, "float32"), dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    ("start", "stop", "step", "dtype"),
+    [(0, 17, 1, "float32"), (1.5, 20, 0.7, "float32"), (-3, 20, 2, "int32"), (10, -7, -3, "int32"),
+     (0.5, 9, 1.25, "int32"), (5, 5, 1, "float32")],
+)
+def test_arange_compiles(start: float, stop: float, step: float, dtype: str) -> None:
+    check_build("arange", start=start, stop=stop, step=step, dtype=dtype)

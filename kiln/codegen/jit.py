@@ -58,6 +58,12 @@ def initialize() -> None:
 
 
 @functools.cache
+def kernel_symbol(name: str) -> str:
+    """The machine-code symbol of kernel `name`: prefixed, so a kernel named `sin` or `free` never
+    takes the place of the libm / libc function its own code calls."""
+    return f"kiln_{name}"
+
+
 def have_openmp() -> bool:
     """Whether libgomp (the runtime of parallel loops) is loaded and resolves `GOMP_parallel`."""
     initialize()

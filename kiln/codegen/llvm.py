@@ -195,7 +195,7 @@ class CodeGenLLVM:
         self.module = ir.Module(name=func.name)
         self.module.triple = jit.target_triple(self.target)
         args = [PTR] * len(flat.params) + [I64] * len(size_vars)
-        fn = self._function(func.name, ir.FunctionType(I32, args), internal=False)
+        fn = self._function(jit.kernel_symbol(func.name), ir.FunctionType(I32, args), internal=False)
         self.f = _Func(fn)
         for i, buf in enumerate(flat.params):
             fn.args[i].name = buf.name

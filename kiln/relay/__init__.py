@@ -9,6 +9,8 @@ from kiln.ir.module import IRModule
 from kiln.ir.types import ANY, FuncType, IncompleteType, SizeVar, TensorType, TupleType, TypeVar
 from kiln.relay import analysis, transform
 from kiln.relay.analysis import structural_equal, structural_hash
+from kiln.relay.backend.build_module import build
+from kiln.relay.backend.interpreter import create_executor
 from kiln.relay.expr import (
     Call,
     Constant,
@@ -122,6 +124,8 @@ __all__ = [
     "concatenate",
     "const",
     "cos",
+    "build",
+    "create_executor",
     "divide",
     "equal",
     "erf",

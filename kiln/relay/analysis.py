@@ -1,4 +1,4 @@
-"""Analyses of Relay expressions: free and bound variables, well-formedness, structural equality and hash.
+"""Relay analyses: free and bound vars, well-formedness, structural equality and hash, the fusion report.
 
 All of them walk with explicit stacks, so they work on chains of any length.
 """
@@ -6,7 +6,8 @@ All of them walk with explicit stacks, so they work on chains of any length.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
@@ -24,6 +25,9 @@ from kiln.relay.expr import (
     Var,
 )
 from kiln.relay.visitor import post_order
+
+if TYPE_CHECKING:
+    from kiln.relay.fusion_report import FusionReport
 
 
 class WellFormedError(KilnError, ValueError):
@@ -82,6 +86,11 @@ def well_formed(expr: Expr, is_global: bool = False) -> bool:
 
 def _same_constant(a: Constant, b: Constant) -> bool:
     return a.data.dtype == b.data.dtype and a.data.shape == b.data.shape and a.data.tobytes() == b.data.tobytes()
+
+
+def _attrs_key(values: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    """Function attributes as a sorted, type-exact key (so 1, 1.0 and True differ)."""
+    return tuple(sorted((k, type(v).__name__, repr(v)) for k, v in values.items()))
 
 
 def structural_equal(a: Any, b: Any, map_free_vars: bool = False) -> bool:
@@ -166,6 +175,8 @@ def structural_equal(a: Any, b: Any, map_free_vars: bool = False) -> bool:
             assert isinstance(y, Function)
             if len(x.params) != len(y.params) or x.ret_type != y.ret_type:
                 return False
+            if _attrs_key(x.attrs) != _attrs_key(y.attrs):
+                return False
             if not all(bind(p, q) for p, q in zip(x.params, y.params, strict=True)):
                 return False
             stack.append((x.body, y.body))
@@ -210,7 +221,18 @@ def structural_hash(expr: Any, map_free_vars: bool = False) -> int:
         elif isinstance(node, TupleGetItem):
             hashes[id(node)] = h("getitem", node.index, kids)
         elif isinstance(node, Function):
-            hashes[id(node)] = h("fn", str(node.ret_type), kids)
+            hashes[id(node)] = h("fn", str(node.ret_type), _attrs_key(node.attrs), kids)
         else:
             hashes[id(node)] = h(type(node).__name__, kids)
     return int.from_bytes(hashes[id(expr)][:8], "little", signed=True)
+
+
+def fusion_report(mod: IRModule | Function, function: str = "main", max_depth: int | None = None) -> FusionReport:
+    """How FuseOps would group the calls of one function of `mod`, and why each boundary is there.
+
+    See `kiln.relay.fusion_report.fusion_report` (imported lazily: it uses the fusion pass,
+    which imports this module).
+    """
+    from kiln.relay.fusion_report import fusion_report as report
+
+    return report(mod, function, max_depth)

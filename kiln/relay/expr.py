@@ -7,7 +7,9 @@ mutable slot is `checked_type`, written once by `InferType`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import attrs
@@ -176,16 +178,52 @@ def _vars(values: Sequence[Var]) -> tuple[Var, ...]:
     return out
 
 
+_ATTR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _is_attr_value(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return all(_is_attr_value(v) for v in value)
+    return value is None or isinstance(value, bool | int | float | str | DataType)
+
+
+def _function_attrs(values: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    out = dict(values or {})
+    for key, value in out.items():
+        if not isinstance(key, str) or not _ATTR_NAME.fullmatch(key):
+            raise ExprError(f"function attribute names are identifiers, got {key!r}")
+        if not _is_attr_value(value):
+            raise ExprError(
+                f"function attribute {key} must be a bool, int, float, str, None, dtype or a tuple of them, "
+                f"got {type(value).__name__} {value!r:.60}"
+            )
+    return MappingProxyType(out)
+
+
 @attrs.frozen(eq=False, repr=False)
 class Function(Expr):
-    """A function: parameters, body, optional result type."""
+    """A function: parameters, body, optional result type, and attributes.
+
+    `attrs` is a read-only mapping such as `{"Primitive": 1}`, which FuseOps
+    puts on the functions it makes of fused groups.
+    """
 
     params: tuple[Var, ...] = attrs.field(converter=_vars)
     body: Expr
     ret_type: Type | None = None
+    attrs: Mapping[str, Any] = attrs.field(factory=dict, converter=_function_attrs)
 
     def children(self) -> tuple[Expr, ...]:
         return (*self.params, self.body)
+
+    @property
+    def is_primitive(self) -> bool:
+        """Whether the function is a fused group (attribute Primitive is set and nonzero)."""
+        return bool(self.attrs.get("Primitive", 0))
+
+    def with_attrs(self, **values: Any) -> Function:
+        """A copy of the function (same params and body) with attributes added or replaced."""
+        return Function(self.params, self.body, self.ret_type, {**self.attrs, **values}, span=self.span)
 
 
 # ---------------------------------------------------------------------------

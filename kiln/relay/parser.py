@@ -336,19 +336,27 @@ class _Parser:
         opener = self.expect("(", "to open the parameter list")
         self.scopes.append({})
         params: list[Var] = []
-        if not self.accept(")"):
-            while True:
-                tok = self.peek()
+        fn_attrs: dict[str, Any] = {}
+        while not self.at(")"):
+            tok = self.peek()
+            if tok.kind == "ident" and self.at("=", 1):  # attributes (Primitive=1) follow the parameters
+                if tok.text in fn_attrs:
+                    raise self.error(f"function attribute {tok.text} is given twice", tok)
+                self.pos += 2
+                fn_attrs[tok.text] = lists_to_tuples(self.parse_attr_value())
+            elif fn_attrs:
+                raise self.error("parameters come before the function attributes (name=value)", tok)
+            else:
                 param = self.parse_var_decl("as a parameter")
                 self.define(tok, param)
                 params.append(param)
-                if not self.accept(","):
-                    self.expect(")", "after the parameters", opener)
-                    break
+            if not self.accept(","):
+                break
+        self.expect(")", "after the parameters", opener)
         ret = self.parse_type() if self.accept("->") else None
         body = self.parse_block(self.expect("{", "to open the function body"))
         self.scopes.pop()
-        return Function(params, body, ret, span=self.span(start))
+        return Function(params, body, ret, fn_attrs, span=self.span(start))
 
     # --- expressions --------------------------------------------------------------------
 

@@ -15,6 +15,9 @@ one branch of an If is printed inside that branch). A Let in tail position
 flattens into `let %x = value;` followed by its body, so a chain of lets prints
 as a flat list; any other Let prints as a braced block `%N = { let ...; ... }`.
 
+A function's attributes follow its parameters, as TVM writes them:
+`fn (%p0: Tensor[(1, 16), float32], Primitive=1) -> Tensor[(1, 16), float32] { ... }`.
+
 Nothing recurses once per node: blocks are emitted by generators driven from
 one explicit stack, so chains of any length print.
 """
@@ -194,7 +197,7 @@ class _FunctionPrinter:
     # --- analysis -----------------------------------------------------------------
 
     def _analyse(self) -> None:
-        nodes = post_order(self.root)
+        nodes = _print_order(self.root)
         slot_uses: dict[int, int] = {}
         for node in nodes:
             for child in _operands(node):
@@ -301,7 +304,10 @@ class _FunctionPrinter:
         return self.ref(node)
 
     def _fn_header(self, func: Function, lead: str) -> str:
-        params = ", ".join(self._decl(p) for p in func.params)
+        # attributes follow the parameters, as TVM writes them: fn (%p0: T, Primitive=1) -> T {
+        items = [self._decl(p) for p in func.params]
+        items.extend(f"{k}={attr_value_text(v)}" for k, v in func.attrs.items())
+        params = ", ".join(items)
         ret = "" if func.ret_type is None else f" -> {type_text(func.ret_type)}"
         return f"{lead}({params}){ret} {{"
 
@@ -394,6 +400,28 @@ class _FunctionPrinter:
             yield f"{pad}}}{self._ty(node)};", ()
         else:
             yield f"{pad}{prefix}{self._inline(node)}{self._ty(node)};", marks
+
+
+def _print_order(root: Expr) -> list[Expr]:
+    """Post order, except that a called function value comes after the call's arguments.
+
+    So a fused group's `fn (...) { ... }` is printed just before the line that calls it.
+    """
+    out: list[Expr] = []
+    seen: set[int] = set()
+    stack: list[tuple[Expr, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            out.append(node)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            stack.append((node, True))
+            kids = node.children()
+            if isinstance(node, Call) and not isinstance(node.op, Op):
+                kids = (*node.args, node.op)
+            stack.extend((c, False) for c in reversed(kids) if id(c) not in seen)
+    return out
 
 
 def _operands(node: Expr) -> tuple[Expr, ...]:

@@ -194,4 +194,4 @@ class ExprMutator:
         """A Function with its rewritten parameters and body."""
         if body is node.body and all(a is b for a, b in zip(params, node.params, strict=True)):
             return node
-        return Function(params, body, node.ret_type, span=node.span)
+        return Function(params, body, node.ret_type, node.attrs, span=node.span)

@@ -1,4 +1,15 @@
-"""Device arrays, the executable format, the executor and memory planning.
+"""Compiled kernels (`Module`), the graph executor, its file format and memory planning."""
 
-Empty until its issue lands; DESIGN.md says what lives here.
-"""
+from kiln.runtime.executor import ExecutorError, GraphExecutor, Library, LibraryFormatError, load
+from kiln.runtime.module import ArgumentError, KernelMemoryError, Module
+
+__all__ = [
+    "ArgumentError",
+    "ExecutorError",
+    "GraphExecutor",
+    "KernelMemoryError",
+    "Library",
+    "LibraryFormatError",
+    "Module",
+    "load",
+]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.codegen.jit import Engine
+from kiln.codegen.jit import Engine, kernel_symbol
 from kiln.codegen.llvm import STATUS_OK, heap_temporaries
 from kiln.errors import KilnError
 from kiln.target import Target
@@ -98,7 +98,9 @@ class Module:
         weakref.finalize(self, self._engine.close)
         proto = ctypes.CFUNCTYPE(ctypes.c_int32, *([ctypes.c_void_p] * len(self._params)),
                                  *([ctypes.c_int64] * len(self._size_vars)))
-        self._cfunc = proto(self._engine.address(func.name))
+        self._cfunc = proto(self._engine.address(kernel_symbol(func.name)))
+        self.object_code = obj  # what `relay` libraries export, and `runtime.load` loads back
+        self.symbols = list(symbols)
         self.object_size = len(obj)
 
     def __repr__(self) -> str:

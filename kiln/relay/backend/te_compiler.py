@@ -13,6 +13,7 @@ ops, attrs, types) on the same target compile once.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,7 +84,7 @@ class _Lowerer:
                     raise LoweringError(f"free variable {node} in a primitive function")
                 continue
             if isinstance(node, rx.Constant):
-                self.constants.append(np.ascontiguousarray(node.data))
+                self.constants.append(np.array(node.data, copy=True))  # writeable, 0-d stays 0-d
                 env[id(node)] = [self._placeholder(node.type, f"const{len(self.constants)}", "a constant")]
             elif isinstance(node, rx.Tuple):
                 env[id(node)] = [t for f in node.fields for t in env[id(f)]]
@@ -176,8 +177,9 @@ class CompiledKernel:
         return list(outs)
 
 
-_CACHE: dict[tuple[int, str], list[tuple[rx.Function, CompiledKernel]]] = {}
+_CACHE: OrderedDict[tuple[int, str], list[tuple[rx.Function, CompiledKernel]]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
+_CACHE_LIMIT = 512  # distinct (hash, target) keys kept
 
 
 def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: str = "fused") -> CompiledKernel:
@@ -193,6 +195,7 @@ def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: st
     with _CACHE_LOCK:
         for other, kernel in _CACHE.get(key, []):
             if structural_equal(other, func):
+                _CACHE.move_to_end(key)
                 return kernel
     sch, inputs, outs = lowerer.run()
     module = kiln.build(sch, [*inputs, *outs], target=tgt, name=name)
@@ -200,4 +203,6 @@ def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: st
     kernel = CompiledKernel(name, module, len(func.params), lowerer.constants, out_types)
     with _CACHE_LOCK:
         _CACHE.setdefault(key, []).append((func, kernel))
+        while len(_CACHE) > _CACHE_LIMIT:
+            _CACHE.popitem(last=False)
     return kernel

@@ -1,9 +1,10 @@
-"""Convolution and pooling ops: nn.conv2d, nn.conv2d_transpose, nn.max_pool2d, nn.avg_pool2d, global pools.
+"""Convolution ops: nn.conv2d and nn.conv2d_transpose, and the window helpers the pools share.
 
 Each op is registered in one chain: description, arguments, attrs, relation,
-pattern, numpy reference; its Python constructor sits next to it. The
-constructors are re-exported by `kiln.relay.op.nn`, so users write
-`relay.nn.conv2d(...)`.
+pattern, numpy reference; its te compute and its Python constructor sit next
+to it. The constructors are re-exported by `kiln.relay.op.nn`, so users write
+`relay.nn.conv2d(...)`. The pools (`kiln.relay.op.pool`) use the attribute
+converters, layout tables and window helpers defined here.
 
 Spatial output sizes follow TVM and PyTorch: ``(in + pad_before + pad_after -
 dilation * (kernel - 1) - 1) // stride + 1``; for pools with ``ceil_mode`` the
@@ -13,21 +14,27 @@ trailing padding is dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
 
-from kiln.ir.attrs import Attrs, FieldError, bool_value, int_range, int_tuple, one_of, optional
+from kiln import te
+from kiln.ir.attrs import Attrs, FieldError, int_range, int_tuple, one_of, optional
 from kiln.ir.dtype import DataType, DTypeError
 from kiln.ir.types import ANY, AnyDim, Dim, TensorType, Type, dim_add
 from kiln.registry import OpPattern
 from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op._nn_util import clamp, differ, dtype_of, static_shape, tensor_shape
 from kiln.relay.op._reg import register_nn_op
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
+from kiln.relay.op._schedule import register_compute
+from kiln.tir import expr as tx
+from kiln.tir.expr import PrimExpr
 
 Array = np.ndarray[Any, Any]
+T = TypeVar("T")
 
 # --- Attribute converters shared by the nn family -------------------------------------------------
 
@@ -73,20 +80,15 @@ def dtype_or_none(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
         raise FieldError(field.name, "a dtype or None", value)
 
 
-def _pair_field(default: tuple[int, int], lo: int, doc: str) -> Any:
+def pair_field(default: tuple[int, int], lo: int, doc: str) -> Any:
     return attrs.field(default=default, converter=to_pair, validator=int_tuple(2, lo=lo), metadata={"doc": doc})
 
 
-def _padding_field(doc: str = "(top, left, bottom, right); 1 or 2 values are expanded") -> Any:
+def padding_field(doc: str = "(top, left, bottom, right); 1 or 2 values are expanded") -> Any:
     return attrs.field(default=(0, 0, 0, 0), converter=to_padding4, validator=int_tuple(4, lo=0), metadata={"doc": doc})
 
 
 # --- Shape helpers --------------------------------------------------------------------------------
-
-
-def differ(a: Dim, b: Dim) -> bool:
-    """Whether two dims are known to differ (both static and unequal)."""
-    return isinstance(a, int) and isinstance(b, int) and a != b
 
 
 def window_out_size(
@@ -134,32 +136,34 @@ def window_out_size(
 
 
 # Where N, C, H, W sit in each data layout, and O, I, H, W in each kernel layout.
-_DATA_AXES = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 3, 1, 2)}
+DATA_AXES = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 3, 1, 2)}
 _KERNEL_AXES = {"OIHW": (0, 1, 2, 3), "HWIO": (3, 2, 0, 1), "IOHW": (1, 0, 2, 3)}
 
 
-def _pick(shape: tuple[Dim, ...], axes: tuple[int, ...]) -> tuple[Dim, ...]:
+def pick(shape: Sequence[T], axes: tuple[int, ...]) -> tuple[T, ...]:
+    """The entries of `shape` at `axes`: e.g. (N, C, H, W) of a shape in a layout, with DATA_AXES[layout]."""
     return tuple(shape[i] for i in axes)
 
 
-def _nchw_shape(n: Dim, c: Dim, h: Dim, w: Dim, layout: str) -> tuple[Dim, ...]:
+def nchw_shape(n: T, c: T, h: T, w: T, layout: str) -> tuple[T, ...]:
+    """(n, c, h, w) in `layout`'s order: a shape, or the index of an element."""
     return (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
 
 
-def _rank4(t: TensorType, arg: int, what: str, layout: str) -> None:
+def rank4(t: TensorType, arg: int, what: str, layout: str) -> None:
     if t.ndim != 4:
         raise RelationError(f"expected {what} of rank 4 ({layout}), found rank {t.ndim}: {t}", arg=arg)
 
 
-def _to_nchw(x: Array, layout: str) -> Array:
+def to_nchw(x: Array, layout: str) -> Array:
     return x if layout == "NCHW" else x.transpose(0, 3, 1, 2)
 
 
-def _from_nchw(x: Array, layout: str) -> Array:
+def from_nchw(x: Array, layout: str) -> Array:
     return x if layout == "NCHW" else x.transpose(0, 2, 3, 1)
 
 
-def _taps(xp: Array, kernel: tuple[int, int], strides: tuple[int, int], dilation: tuple[int, int],
+def taps(xp: Array, kernel: tuple[int, int], strides: tuple[int, int], dilation: tuple[int, int],
           out_hw: tuple[int, int]) -> Iterator[tuple[int, int, Array]]:
     """Yields (kh, kw, window) for each kernel tap; window is xp's (..., OH, OW) slice the tap reads."""
     (kh_n, kw_n), (sh, sw), (dh, dw), (oh, ow) = kernel, strides, dilation, out_hw
@@ -167,6 +171,28 @@ def _taps(xp: Array, kernel: tuple[int, int], strides: tuple[int, int], dilation
         for kw in range(kw_n):
             h0, w0 = kh * dh, kw * dw
             yield kh, kw, xp[..., h0 : h0 + sh * (oh - 1) + 1 : sh, w0 : w0 + sw * (ow - 1) + 1 : sw]
+
+
+def overhangs(out: int, size: int, stride: int, dilation: int, kernel: int, pad_before: int) -> bool:
+    """Whether a sliding window's taps reach outside [0, size): into the padding or the ceil_mode overhang."""
+    return pad_before > 0 or (out - 1) * stride + dilation * (kernel - 1) - pad_before >= size
+
+
+def read_window(data: te.Tensor, layout: str, n: PrimExpr, c: PrimExpr, y: PrimExpr, x: PrimExpr,
+                size_hw: tuple[int, int], guard_hw: tuple[bool, bool], fill: PrimExpr) -> PrimExpr:
+    """data[n, c, y, x] (NCHW coordinates, `data` in `layout`); `fill` where a guarded y or x is off the input.
+
+    The load's coordinates are clamped, because a select may evaluate both of its sides.
+    """
+    conds: list[PrimExpr] = []
+    coords: list[PrimExpr] = []
+    for v, size, guard in zip((y, x), size_hw, guard_hw, strict=True):
+        if guard:
+            conds += [v >= 0, v < size]
+            v = clamp(v, size)
+        coords.append(v)
+    value = data[nchw_shape(n, c, coords[0], coords[1], layout)]
+    return te.if_then_else(tx.all_of(*conds), value, fill) if conds else value
 
 
 # --- nn.conv2d ------------------------------------------------------------------------------------
@@ -180,9 +206,9 @@ def _default_kernel_layout(self: Conv2DAttrs) -> str:
 class Conv2DAttrs(Attrs):
     """Attributes of nn.conv2d."""
 
-    strides: tuple[int, int] = _pair_field((1, 1), 1, "step of the window (h, w)")
-    padding: tuple[int, int, int, int] = _padding_field()
-    dilation: tuple[int, int] = _pair_field((1, 1), 1, "spacing of the kernel taps (h, w)")
+    strides: tuple[int, int] = pair_field((1, 1), 1, "step of the window (h, w)")
+    padding: tuple[int, int, int, int] = padding_field()
+    dilation: tuple[int, int] = pair_field((1, 1), 1, "spacing of the kernel taps (h, w)")
     groups: int = attrs.field(default=1, validator=int_range(1), metadata={"doc": "number of channel groups"})
     channels: int | None = attrs.field(
         default=None, validator=optional(int_range(1)), metadata={"doc": "output channels (checked against weight)"}
@@ -237,17 +263,17 @@ def _conv2d_rel(arg_types: list[Type], attrs: Conv2DAttrs) -> Type | None:
     if tensors is None:
         return None
     data, weight = tensors
-    _rank4(data, 0, "data", attrs.data_layout)
-    _rank4(weight, 1, "a weight", attrs.kernel_layout)
-    n, c, h, w = _pick(data.shape, _DATA_AXES[attrs.data_layout])
-    o, i, kh, kw = _pick(weight.shape, _KERNEL_AXES[attrs.kernel_layout])
+    rank4(data, 0, "data", attrs.data_layout)
+    rank4(weight, 1, "a weight", attrs.kernel_layout)
+    n, c, h, w = pick(data.shape, DATA_AXES[attrs.data_layout])
+    o, i, kh, kw = pick(weight.shape, _KERNEL_AXES[attrs.kernel_layout])
     _check_channels(c, o, i, attrs.groups, weight)
     o, kh, kw = _check_declared(o, kh, kw, attrs, weight)
     dtype = same_dtype([data.dtype, weight.dtype], attrs)
     pt, pl, pb, pr = attrs.padding
     oh = window_out_size(h, kh, attrs.strides[0], (pt, pb), attrs.dilation[0], "height")
     ow = window_out_size(w, kw, attrs.strides[1], (pl, pr), attrs.dilation[1], "width")
-    return TensorType(_nchw_shape(n, o, oh, ow, attrs.data_layout), attrs.out_dtype or dtype)
+    return TensorType(nchw_shape(n, o, oh, ow, attrs.data_layout), attrs.out_dtype or dtype)
 
 
 def _conv2d_nchw(x: Array, w: Array, attrs: Conv2DAttrs, out_dtype: np.dtype[Any]) -> Array:
@@ -263,7 +289,7 @@ def _conv2d_nchw(x: Array, w: Array, attrs: Conv2DAttrs, out_dtype: np.dtype[Any
     xg = xp.reshape(n, g, ig, *xp.shape[2:])
     wg = w.astype(out_dtype).reshape(g, o // g, ig, kh, kw)
     out = np.zeros((n, g, o // g, oh, ow), dtype=out_dtype)
-    for i, j, window in _taps(xg, (kh, kw), (sh, sw), (dh, dw), (oh, ow)):
+    for i, j, window in taps(xg, (kh, kw), (sh, sw), (dh, dw), (oh, ow)):
         out += np.einsum("ngihw,goi->ngohw", window, wg[:, :, :, i, j])
     return out.reshape(n, o, oh, ow)
 
@@ -271,13 +297,43 @@ def _conv2d_nchw(x: Array, w: Array, attrs: Conv2DAttrs, out_dtype: np.dtype[Any
 def _conv2d_ref(attrs: Conv2DAttrs, data: Array, weight: Array) -> Array:
     out_dtype = attrs.out_dtype.numpy() if attrs.out_dtype else data.dtype
     w = weight if attrs.kernel_layout == "OIHW" else weight.transpose(3, 2, 0, 1)
-    out = _conv2d_nchw(_to_nchw(data, attrs.data_layout), w, attrs, out_dtype)
-    return _from_nchw(out, attrs.data_layout)
+    out = _conv2d_nchw(to_nchw(data, attrs.data_layout), w, attrs, out_dtype)
+    return from_nchw(out, attrs.data_layout)
 
 
 register_nn_op("nn.conv2d", "2-D convolution (cross-correlation) with strides, padding, dilation and groups",
                [("data", "the input, NCHW or NHWC"), ("weight", "the kernel, OIHW or HWIO; I is channels / groups")],
                _conv2d_rel, _conv2d_ref, OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=Conv2DAttrs, level=2)
+
+
+def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """The direct convolution: a sum over (input channel of the group, kernel row, kernel column)."""
+    data, weight = inputs
+    layout, kernel_layout = attrs.data_layout, attrs.kernel_layout
+    _, _, h, w = pick(tensor_shape(data), DATA_AXES[layout])
+    o_total, ig, kh, kw = pick(tensor_shape(weight), _KERNEL_AXES[kernel_layout])
+    shape = static_shape(out_type)
+    dtype = dtype_of(out_type)
+    _, _, oh, ow = pick(shape, DATA_AXES[layout])
+    pt, pl, _, _ = attrs.padding
+    (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
+    guard = (overhangs(oh, h, sh, dh, kh, pt), overhangs(ow, w, sw, dw, kw, pl))
+    og = o_total // attrs.groups
+    rc, ry, rx = te.reduce_axis((0, ig), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    zero = te.const(0, data.dtype)
+
+    def conv(n: PrimExpr, o: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
+        c = rc if attrs.groups == 1 else o // og * ig + rc
+        v = read_window(data, layout, n, c, y * sh + ry * dh - pt, x * sw + rx * dw - pl, (h, w), guard, zero)
+        k = weight[(o, rc, ry, rx) if kernel_layout == "OIHW" else (ry, rx, rc, o)]
+        return te.sum(te.cast(v, dtype) * te.cast(k, dtype), axis=[rc, ry, rx])
+
+    if layout == "NCHW":
+        return [te.compute(shape, conv, name="conv2d")]
+    return [te.compute(shape, lambda n, y, x, o: conv(n, o, y, x), name="conv2d")]
+
+
+register_compute("nn.conv2d", _conv2d_compute)
 
 
 def conv2d(
@@ -325,10 +381,10 @@ def conv2d(
 class Conv2DTransposeAttrs(Attrs):
     """Attributes of nn.conv2d_transpose (data NCHW, weight IOHW, as TVM)."""
 
-    strides: tuple[int, int] = _pair_field((1, 1), 1, "step of the window (h, w)")
-    padding: tuple[int, int, int, int] = _padding_field("cropped from the full output (top, left, bottom, right)")
-    output_padding: tuple[int, int] = _pair_field((0, 0), 0, "extra rows/cols added at the bottom/right")
-    dilation: tuple[int, int] = _pair_field((1, 1), 1, "spacing of the kernel taps (h, w)")
+    strides: tuple[int, int] = pair_field((1, 1), 1, "step of the window (h, w)")
+    padding: tuple[int, int, int, int] = padding_field("cropped from the full output (top, left, bottom, right)")
+    output_padding: tuple[int, int] = pair_field((0, 0), 0, "extra rows/cols added at the bottom/right")
+    dilation: tuple[int, int] = pair_field((1, 1), 1, "spacing of the kernel taps (h, w)")
     groups: int = attrs.field(default=1, validator=int_range(1), metadata={"doc": "number of channel groups"})
     channels: int | None = attrs.field(
         default=None, validator=optional(int_range(1)), metadata={"doc": "output channels (checked against weight)"}
@@ -373,8 +429,8 @@ def _conv2d_transpose_rel(arg_types: list[Type], attrs: Conv2DTransposeAttrs) ->
     if tensors is None:
         return None
     data, weight = tensors
-    _rank4(data, 0, "data", "NCHW")
-    _rank4(weight, 1, "a weight", "IOHW")
+    rank4(data, 0, "data", "NCHW")
+    rank4(weight, 1, "a weight", "IOHW")
     n, c, h, w = data.shape
     i, og, kh, kw = weight.shape
     g = attrs.groups
@@ -414,6 +470,43 @@ register_nn_op("nn.conv2d_transpose", "transposed 2-D convolution (the gradient 
                OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=Conv2DTransposeAttrs, level=2)
 
 
+def _conv2d_transpose_compute(attrs: Conv2DTransposeAttrs, inputs: list[te.Tensor],
+                              out_type: Type) -> list[te.Tensor]:
+    """Gathers, for each output element, the input taps that the scatter of the reference adds into it."""
+    data, weight = inputs
+    _, c_total, h, w = tensor_shape(data)
+    _, og, kh, kw = tensor_shape(weight)
+    shape = static_shape(out_type)
+    dtype = dtype_of(out_type)
+    cg = c_total // attrs.groups
+    pt, pl, _, _ = attrs.padding
+    (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
+    rc, ry, rx = te.reduce_axis((0, cg), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+
+    def source(t: PrimExpr, stride: int, size: int, conds: list[PrimExpr]) -> PrimExpr:
+        """The input row (or column) whose tap lands on full-output position t, its validity added to conds."""
+        conds.append(t >= 0)
+        if stride > 1:
+            conds.append(tx.eq(t % stride, 0))
+            t = t // stride
+        conds.append(t < size)
+        return clamp(t, size)
+
+    def gather(n: PrimExpr, o: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
+        c = rc if attrs.groups == 1 else o // og * cg + rc
+        conds: list[PrimExpr] = []
+        iy = source(y + pt - ry * dh, sh, h, conds)
+        ix = source(x + pl - rx * dw, sw, w, conds)
+        k = weight[c, o if attrs.groups == 1 else o % og, ry, rx]
+        value = te.cast(data[n, c, iy, ix], dtype) * te.cast(k, dtype)
+        return te.sum(te.if_then_else(tx.all_of(*conds), value, te.const(0, dtype)), axis=[rc, ry, rx])
+
+    return [te.compute(shape, gather, name="conv2d_transpose")]
+
+
+register_compute("nn.conv2d_transpose", _conv2d_transpose_compute)
+
+
 def conv2d_transpose(
     data: Expr,
     weight: Expr,
@@ -447,233 +540,3 @@ def conv2d_transpose(
         "nn.conv2d_transpose", strides=strides, padding=padding, output_padding=output_padding,
         dilation=dilation, groups=groups, channels=channels, kernel_size=kernel_size, out_dtype=out_dtype,
     ))
-
-
-# --- nn.max_pool2d, nn.avg_pool2d -----------------------------------------------------------------
-
-
-@attrs.frozen
-class Pool2DAttrs(Attrs):
-    """The window of a 2-D pool (the fields that nn.max_pool2d and nn.avg_pool2d share)."""
-
-    pool_size: tuple[int, int] = _pair_field((1, 1), 1, "window (h, w)")
-    strides: tuple[int, int] = _pair_field((1, 1), 1, "step of the window (h, w)")
-    padding: tuple[int, int, int, int] = _padding_field()
-    dilation: tuple[int, int] = _pair_field((1, 1), 1, "spacing of the window taps (h, w)")
-    layout: str = attrs.field(default="NCHW", validator=one_of("NCHW", "NHWC"), metadata={"doc": "data layout"})
-    ceil_mode: bool = attrs.field(default=False, validator=bool_value, metadata={"doc": "round the output size up"})
-
-
-@attrs.frozen
-class MaxPool2DAttrs(Pool2DAttrs):
-    """Attributes of nn.max_pool2d."""
-
-
-@attrs.frozen
-class AvgPool2DAttrs(Pool2DAttrs):
-    """Attributes of nn.avg_pool2d."""
-
-    count_include_pad: bool = attrs.field(
-        default=False, validator=bool_value, metadata={"doc": "divide by the window size including padding"}
-    )
-
-
-def _pool_out_hw(h: Dim, w: Dim, attrs: Pool2DAttrs) -> tuple[Dim, Dim]:
-    pt, pl, pb, pr = attrs.padding
-    oh = window_out_size(h, attrs.pool_size[0], attrs.strides[0], (pt, pb), attrs.dilation[0], "height",
-                         attrs.ceil_mode)
-    ow = window_out_size(w, attrs.pool_size[1], attrs.strides[1], (pl, pr), attrs.dilation[1], "width",
-                         attrs.ceil_mode)
-    return oh, ow
-
-
-def _pool2d_rel(arg_types: list[Type], attrs: Pool2DAttrs) -> Type | None:
-    tensors = tensor_args(arg_types)
-    if tensors is None:
-        return None
-    (data,) = tensors
-    _rank4(data, 0, "data", attrs.layout)
-    n, c, h, w = _pick(data.shape, _DATA_AXES[attrs.layout])
-    oh, ow = _pool_out_hw(h, w, attrs)
-    return TensorType(_nchw_shape(n, c, oh, ow, attrs.layout), data.dtype)
-
-
-def _pool_windows(
-    x: Array, attrs: Pool2DAttrs, pad_fill: Any, overhang_fill: Any
-) -> tuple[Iterator[tuple[int, int, Array]], tuple[int, int]]:
-    """The taps over the padded NCHW input, and the output (OH, OW).
-
-    The explicit padding holds pad_fill; the overhang that ceil_mode adds past it holds overhang_fill.
-    """
-    _, _, h, w = x.shape
-    oh, ow = _pool_out_hw(h, w, attrs)
-    assert isinstance(oh, int) and isinstance(ow, int)  # a static input has a static output
-    pt, pl, pb, pr = attrs.padding
-    (sh, sw), (dh, dw), (kh, kw) = attrs.strides, attrs.dilation, attrs.pool_size
-    over_h = max(0, (oh - 1) * sh + dh * (kh - 1) + 1 - (h + pt + pb))
-    over_w = max(0, (ow - 1) * sw + dw * (kw - 1) + 1 - (w + pl + pr))
-    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=pad_fill)
-    xp = np.pad(xp, ((0, 0), (0, 0), (0, over_h), (0, over_w)), constant_values=overhang_fill)
-    return _taps(xp, (kh, kw), (sh, sw), (dh, dw), (oh, ow)), (oh, ow)
-
-
-def _max_pool2d_ref(attrs: MaxPool2DAttrs, data: Array) -> Array:
-    x = _to_nchw(data, attrs.layout)
-    lowest = -np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
-    taps, _ = _pool_windows(x, attrs, lowest, lowest)
-    out: Array | None = None
-    for _, _, window in taps:
-        out = window.copy() if out is None else np.maximum(out, window)
-    assert out is not None  # pool_size >= 1, so there is a tap
-    return _from_nchw(out.astype(data.dtype), attrs.layout)
-
-
-def _avg_pool2d_ref(attrs: AvgPool2DAttrs, data: Array) -> Array:
-    x = _to_nchw(data, attrs.layout)
-    floating = np.issubdtype(x.dtype, np.floating)
-    taps, _ = _pool_windows(x.astype(np.float64 if floating else np.int64), attrs, 0, 0)
-    total = sum(window for _, _, window in taps)
-    # The divisor counts the taps in the input or, with count_include_pad, in the explicitly
-    # padded input; never the ceil_mode overhang (as PyTorch).
-    ones = np.ones((1, 1, *x.shape[2:]))
-    count_taps, _ = _pool_windows(ones, attrs, 1 if attrs.count_include_pad else 0, 0)
-    count = sum(window for _, _, window in count_taps)
-    out = np.asarray(total) / np.maximum(count, 1)
-    if not floating:
-        out = np.trunc(out)
-    return _from_nchw(out.astype(data.dtype), attrs.layout)
-
-
-def _register_pool(name: str, description: str, attrs_type: type, reference: Callable[..., Array]) -> None:
-    register_nn_op(name, description,
-                   [("data", "the input, NCHW or NHWC")],
-                   _pool2d_rel, reference, OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=attrs_type, level=2)
-
-
-_register_pool("nn.max_pool2d", "the maximum over each 2-D window", MaxPool2DAttrs, _max_pool2d_ref)
-_register_pool("nn.avg_pool2d", "the mean over each 2-D window", AvgPool2DAttrs, _avg_pool2d_ref)
-
-
-def max_pool2d(
-    data: Expr,
-    pool_size: Any = (1, 1),
-    strides: Any = (1, 1),
-    dilation: Any = (1, 1),
-    padding: Any = (0, 0),
-    layout: str = "NCHW",
-    ceil_mode: bool = False,
-) -> Call:
-    """2-D max pooling.
-
-    Args:
-        data: the input, (N, C, H, W) or (N, H, W, C).
-        pool_size: the window, an int or (h, w).
-        strides: step of the window, an int or (h, w).
-        dilation: spacing of the window taps, an int or (h, w).
-        padding: an int, (h, w) or (top, left, bottom, right); padded taps never win.
-        layout: "NCHW" or "NHWC".
-        ceil_mode: round the output size up.
-
-    Returns:
-        The call of nn.max_pool2d.
-    """
-    return call("nn.max_pool2d", [data], MaxPool2DAttrs.make(
-        "nn.max_pool2d", pool_size=pool_size, strides=strides, dilation=dilation, padding=padding,
-        layout=layout, ceil_mode=ceil_mode,
-    ))
-
-
-def avg_pool2d(
-    data: Expr,
-    pool_size: Any = (1, 1),
-    strides: Any = (1, 1),
-    dilation: Any = (1, 1),
-    padding: Any = (0, 0),
-    layout: str = "NCHW",
-    ceil_mode: bool = False,
-    count_include_pad: bool = False,
-) -> Call:
-    """2-D average pooling.
-
-    Args:
-        data: the input, (N, C, H, W) or (N, H, W, C).
-        pool_size: the window, an int or (h, w).
-        strides: step of the window, an int or (h, w).
-        dilation: spacing of the window taps, an int or (h, w).
-        padding: an int, (h, w) or (top, left, bottom, right).
-        layout: "NCHW" or "NHWC".
-        ceil_mode: round the output size up.
-        count_include_pad: divide by the taps in the padded input, not only those in the input.
-
-    Returns:
-        The call of nn.avg_pool2d.
-    """
-    return call("nn.avg_pool2d", [data], AvgPool2DAttrs.make(
-        "nn.avg_pool2d", pool_size=pool_size, strides=strides, dilation=dilation, padding=padding,
-        layout=layout, ceil_mode=ceil_mode, count_include_pad=count_include_pad,
-    ))
-
-
-# --- nn.global_avg_pool2d, nn.global_max_pool2d ---------------------------------------------------
-
-
-@attrs.frozen
-class GlobalPool2DAttrs(Attrs):
-    """Attributes of the global pools."""
-
-    layout: str = attrs.field(default="NCHW", validator=one_of("NCHW", "NHWC"), metadata={"doc": "data layout"})
-
-
-def _global_pool2d_rel(arg_types: list[Type], attrs: GlobalPool2DAttrs) -> Type | None:
-    tensors = tensor_args(arg_types)
-    if tensors is None:
-        return None
-    (data,) = tensors
-    _rank4(data, 0, "data", attrs.layout)
-    n, c, _, _ = _pick(data.shape, _DATA_AXES[attrs.layout])
-    return TensorType(_nchw_shape(n, c, 1, 1, attrs.layout), data.dtype)
-
-
-def _global_ref(reduce: Callable[..., Any]) -> Callable[[GlobalPool2DAttrs, Array], Array]:
-    def reference(attrs: GlobalPool2DAttrs, data: Array) -> Array:
-        axes = (2, 3) if attrs.layout == "NCHW" else (1, 2)
-        return np.asarray(reduce(data, axis=axes, keepdims=True)).astype(data.dtype)
-
-    return reference
-
-
-_GLOBAL_POOLS: list[tuple[str, str, Callable[..., Any]]] = [
-    ("nn.global_avg_pool2d", "the mean over all of H and W", np.mean),
-    ("nn.global_max_pool2d", "the maximum over all of H and W", np.max),
-]
-for _name, _doc, _reduce in _GLOBAL_POOLS:
-    register_nn_op(_name, _doc,
-                   [("data", "the input, NCHW or NHWC")],
-                   _global_pool2d_rel, _global_ref(_reduce),
-                   OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=GlobalPool2DAttrs, level=2)
-
-
-def global_avg_pool2d(data: Expr, layout: str = "NCHW") -> Call:
-    """The mean over each channel's whole H x W plane.
-
-    Args:
-        data: the input, (N, C, H, W) or (N, H, W, C).
-        layout: "NCHW" or "NHWC".
-
-    Returns:
-        The call of nn.global_avg_pool2d: (N, C, 1, 1) or (N, 1, 1, C).
-    """
-    return call("nn.global_avg_pool2d", [data], GlobalPool2DAttrs.make("nn.global_avg_pool2d", layout=layout))
-
-
-def global_max_pool2d(data: Expr, layout: str = "NCHW") -> Call:
-    """The maximum over each channel's whole H x W plane.
-
-    Args:
-        data: the input, (N, C, H, W) or (N, H, W, C).
-        layout: "NCHW" or "NHWC".
-
-    Returns:
-        The call of nn.global_max_pool2d: (N, C, 1, 1) or (N, 1, 1, C).
-    """
-    return call("nn.global_max_pool2d", [data], GlobalPool2DAttrs.make("nn.global_max_pool2d", layout=layout))

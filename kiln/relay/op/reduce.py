@@ -4,7 +4,8 @@ Every reduction takes `axis` (None for all axes, or a tuple of axes; negative
 axes count from the end), `keepdims` (keep each reduced axis as a dim of 1) and
 `exclude` (reduce over every axis *not* in `axis`), with TVM's meaning. Each
 op is registered in one chain (description, argument, attrs, relation,
-pattern, numpy reference); its Python constructor sits next to it.
+pattern, numpy reference) followed by its te compute; its Python constructor
+sits next to it.
 """
 
 from __future__ import annotations
@@ -15,12 +16,18 @@ from typing import Any
 import attrs
 import numpy as np
 
+from kiln import te
 from kiln.ir.attrs import Attrs, FieldError, bool_value, int_tuple, optional, to_opt_int_tuple
 from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
+from kiln.relay.op._schedule import register_compute, schedule_reduce
+from kiln.target import Target
+from kiln.te.ops import Reducer
+from kiln.tir import expr as tx
+from kiln.tir.expr import IntImm, PrimExpr
 
 Array = np.ndarray[Any, Any]
 
@@ -151,6 +158,67 @@ def _shape_str(shape: Sequence[Dim]) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
+# --- te computes, shared -----------------------------------------------------------------
+
+# max and min of bools: any and all (the numeric reducers start from the dtype's lowest / highest number)
+_BOOL_REDUCERS = {
+    "max": te.comm_reducer(tx.any_of, lambda t: tx.const(False), name="any"),
+    "min": te.comm_reducer(tx.all_of, lambda t: tx.const(True), name="all"),
+}
+_REDUCERS: dict[str, Reducer] = {"sum": te.sum, "prod": te.prod, "max": te.max, "min": te.min}
+
+
+def _reducer(kind: str, dtype: str) -> Reducer:
+    return _BOOL_REDUCERS[kind] if dtype == "bool" else _REDUCERS[kind]
+
+
+def _extent(d: PrimExpr) -> int:
+    if not isinstance(d, IntImm):
+        raise te.TEError(f"a reduction compute needs static shapes; found dim {d}")
+    return d.value
+
+
+def _input_index(
+    ndim: int, axes: Sequence[int], keepdims: bool, out_index: Sequence[PrimExpr], rvs: Sequence[PrimExpr]
+) -> tuple[PrimExpr, ...]:
+    """The element of the reduced tensor that output element `out_index` reads at reduction point `rvs`."""
+    outs, reds = iter(out_index), iter(rvs)
+    index = []
+    for d in range(ndim):
+        if d in axes:
+            index.append(next(reds))
+            if keepdims:
+                next(outs)  # the kept dim of 1
+        else:
+            index.append(next(outs))
+    return tuple(index)
+
+
+def _reduce(
+    x: te.Tensor, attrs: AnyReduceAttrs, shape: Sequence[int], kind: str, dtype: str, name: str
+) -> te.Tensor:
+    """`x` reduced by reducer `kind` over the axes `attrs` names, its elements first cast to `dtype`."""
+    axes = reduce_axes(x.ndim, attrs.axis, attrs.exclude)
+    rvs = [te.reduce_axis((0, x.shape[a]), name=f"k{a}") for a in axes]
+    reducer = _reducer(kind, dtype)
+
+    def element(*out_index: PrimExpr) -> PrimExpr:
+        value = te.cast(x[_input_index(x.ndim, axes, attrs.keepdims, out_index, rvs)], dtype)
+        return reducer(value, axis=rvs) if rvs else value
+
+    return te.compute(tuple(shape), element, name=name)
+
+
+def _schedule_two_stage(
+    sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor], target: Target
+) -> None:
+    """`schedule_reduce`, with the reduction that mean, argmax and argmin compute first on the cores too."""
+    first = [
+        t for a in anchor_outs for t in a.op.input_tensors if isinstance(t.op, te.ComputeOp) and t.op.reduce_axis
+    ]
+    schedule_reduce(sch, [*first, *anchor_outs], outs, target)
+
+
 # --- sum, mean, max, min, prod ---------------------------------------------------------
 
 
@@ -186,6 +254,36 @@ for _name, _doc, _fn, _numeric, _nonempty in _REDUCE:
         .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
         .set_attr(attr.FReference, _reduce_reference(_fn))
     )
+
+
+def _reduce_compute(kind: str) -> Callable[[ReduceAttrs, list[te.Tensor], TensorType], list[te.Tensor]]:
+    def compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
+        (x,) = inputs
+        return [_reduce(x, attrs, _static(out_type), kind, x.dtype, f"T_{kind}")]
+
+    compute.__name__ = compute.__qualname__ = f"{kind}_compute"
+    return compute
+
+
+def _static(out_type: TensorType) -> tuple[int, ...]:
+    return tuple(d for d in out_type.shape if isinstance(d, int))
+
+
+def _mean_compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
+    """The sum, then divided by the count: of floats in their dtype; of integers summed in int64 and
+    divided truncating (the reference truncates the exact mean toward zero)."""
+    (x,) = inputs
+    shape, dtype = _static(out_type), x.dtype
+    count = int(np.prod([_extent(x.shape[a]) for a in reduce_axes(x.ndim, attrs.axis, attrs.exclude)]))
+    acc = dtype if tx.is_float(dtype) else "int64"
+    total = _reduce(x, attrs, shape, "sum", acc, "T_mean_sum")
+    n = tx.const(count, acc)
+    return [te.compute(shape, lambda *i: te.cast(total[i] / n, dtype), name="T_mean")]
+
+
+for _name in ("sum", "max", "min", "prod"):
+    register_compute(_name, _reduce_compute(_name))
+register_compute("mean", _mean_compute, schedule=_schedule_two_stage)
 
 
 def _make_reduce(name: str) -> Callable[..., Call]:
@@ -251,6 +349,42 @@ for _name, _doc, _fn in [
         .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
         .set_attr(attr.FReference, _arg_reference(_fn))
     )
+
+
+def _arg_compute(kind: str) -> Callable[[ArgReduceAttrs, list[te.Tensor], TensorType], list[te.Tensor]]:
+    """argmax (`kind` "max") or argmin ("min"): the extreme value first, then the first (or last) index
+    holding it, or holding a NaN, as numpy's NaN is the extreme. All axes give the row-major flat index."""
+
+    def compute(attrs: ArgReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
+        (x,) = inputs
+        shape = _static(out_type)
+        axes = reduce_axes(x.ndim, attrs.axis, attrs.exclude)
+        if not axes:  # a 0-d tensor: its one element
+            return [te.compute(shape, lambda *i: tx.const(0), name=f"T_arg{kind}")]
+        best = _reduce(x, attrs, shape, kind, x.dtype, f"T_arg{kind}_value")
+        extents = [_extent(x.shape[a]) for a in axes]
+        rvs = [te.reduce_axis((0, e), name=f"k{a}") for a, e in zip(axes, extents, strict=True)]
+        flat: PrimExpr = tx.const(0)
+        for rv, e in zip(rvs, extents, strict=True):
+            flat = flat * e + rv
+
+        def element(*out_index: PrimExpr) -> PrimExpr:
+            v = x[_input_index(x.ndim, axes, attrs.keepdims, out_index, rvs)]
+            hit = tx.eq(v, best[out_index])
+            if tx.is_float(v.dtype):
+                hit = tx.any_of(hit, tx.ne(v, v))
+            if attrs.select_last_index:
+                return te.max(tx.select(hit, flat, -1), axis=rvs)
+            return te.min(tx.select(hit, flat, int(np.prod(extents))), axis=rvs)
+
+        return [te.compute(shape, element, name=f"T_arg{kind}")]
+
+    compute.__name__ = compute.__qualname__ = f"arg{kind}_compute"
+    return compute
+
+
+register_compute("argmax", _arg_compute("max"), schedule=_schedule_two_stage)
+register_compute("argmin", _arg_compute("min"), schedule=_schedule_two_stage)
 
 
 def argmax(

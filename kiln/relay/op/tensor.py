@@ -1,7 +1,8 @@
 """Elementwise and broadcasting ops: negative ... erf, clip, cast; add ... where.
 
 Each op is registered in one chain: description, arguments, attrs, relation,
-pattern, numpy reference; its Python constructor sits next to it.
+pattern, numpy reference, and te compute (scheduled by the generic schedule of
+its pattern); its Python constructor sits next to it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from typing import Any
 import attrs
 import numpy as np
 
+from kiln import te
 from kiln.ir.attrs import Attrs, float_value, to_dtype
 from kiln.ir.dtype import DataType
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
-from kiln.relay.op._reg import register_binary, register_unary
+from kiln.relay.op._reg import elementwise_compute, register_binary, register_unary
 from kiln.relay.op._rel import (
     DTypeRule,
     RelationError,
@@ -27,6 +29,9 @@ from kiln.relay.op._rel import (
     same_dtype,
     tensor_args,
 )
+from kiln.relay.op._schedule import register_compute
+from kiln.tir import expr as tx
+from kiln.tir.expr import PrimExpr
 
 Ref = Callable[..., Any]
 
@@ -80,51 +85,71 @@ def _numeric(dtypes: list[DataType], attrs: Any) -> DataType:
     return out
 
 
-_UNARY: list[tuple[str, str, Callable[..., Any], DTypeRule]] = [
-    ("negative", "-x", np.negative, _numeric),
-    ("abs", "|x|", np.abs, _numeric),
-    ("exp", "e^x", np.exp, float_dtype),
-    ("log", "natural logarithm", np.log, float_dtype),
-    ("sqrt", "square root", np.sqrt, float_dtype),
-    ("rsqrt", "1 / sqrt(x)", _rsqrt, float_dtype),
-    ("sigmoid", "1 / (1 + e^-x)", _sigmoid, float_dtype),
-    ("tanh", "hyperbolic tangent", np.tanh, float_dtype),
-    ("erf", "the error function", _erf, float_dtype),
-    ("floor", "round toward -inf", np.floor, float_dtype),
-    ("ceil", "round toward +inf", np.ceil, float_dtype),
-    ("round", "round half to even", _round, float_dtype),
-    ("sign", "-1, 0 or 1", np.sign, _numeric),
-    ("sin", "sine", np.sin, float_dtype),
-    ("cos", "cosine", np.cos, float_dtype),
-    ("logical_not", "not x (bool)", np.logical_not, _bool_only),
+def _sign(x: PrimExpr) -> PrimExpr:
+    # x itself where it is 0 (or NaN, which numpy's sign keeps)
+    return tx.select(x > 0, 1, tx.select(x < 0, -1, x))
+
+
+TeExpr = Callable[..., PrimExpr]
+
+_UNARY: list[tuple[str, str, Callable[..., Any], DTypeRule, TeExpr]] = [
+    # name, description, numpy function, dtype rule, te expression of the element
+    ("negative", "-x", np.negative, _numeric, lambda x: -x),
+    ("abs", "|x|", np.abs, _numeric, te.abs),
+    ("exp", "e^x", np.exp, float_dtype, te.exp),
+    ("log", "natural logarithm", np.log, float_dtype, te.log),
+    ("sqrt", "square root", np.sqrt, float_dtype, te.sqrt),
+    ("rsqrt", "1 / sqrt(x)", _rsqrt, float_dtype, te.rsqrt),
+    ("sigmoid", "1 / (1 + e^-x)", _sigmoid, float_dtype, te.sigmoid),
+    ("tanh", "hyperbolic tangent", np.tanh, float_dtype, te.tanh),
+    ("erf", "the error function", _erf, float_dtype, te.erf),
+    ("floor", "round toward -inf", np.floor, float_dtype, te.floor),
+    ("ceil", "round toward +inf", np.ceil, float_dtype, te.ceil),
+    ("round", "round half to even", _round, float_dtype, te.round),
+    ("sign", "-1, 0 or 1", np.sign, _numeric, _sign),
+    ("sin", "sine", np.sin, float_dtype, te.sin),
+    ("cos", "cosine", np.cos, float_dtype, te.cos),
+    ("logical_not", "not x (bool)", np.logical_not, _bool_only, tx.logical_not),
 ]
 
-for _name, _doc, _fn, _rule in _UNARY:
-    register_unary(_name, _doc, _unary(_fn), _rule)
+for _name, _doc, _fn, _rule, _te in _UNARY:
+    register_unary(_name, _doc, _unary(_fn), _rule, te_expr=_te)
 
 
 def _floor_divide(a: Any, b: Any) -> Any:
     return np.floor_divide(a, b) if np.issubdtype(np.asarray(a).dtype, np.integer) else np.floor(a / b)
 
 
-_BINARY: list[tuple[str, str, Callable[..., Any], DTypeRule, str | None]] = [
-    ("add", "a + b", np.add, _numeric, None),
-    ("subtract", "a - b", np.subtract, _numeric, None),
-    ("multiply", "a * b", np.multiply, _numeric, None),
-    ("divide", "a / b (truncating for integers, as C)", lambda a, b: _c_divide(a, b), _numeric, None),
-    ("power", "a ** b", np.power, _numeric, None),
-    ("maximum", "elementwise max", np.maximum, same_dtype, None),
-    ("minimum", "elementwise min", np.minimum, same_dtype, None),
-    ("floor_divide", "floor(a / b)", _floor_divide, _numeric, None),
-    ("floor_mod", "a - floor(a / b) * b", np.mod, _numeric, None),
-    ("equal", "a == b", np.equal, bool_dtype, "bool"),
-    ("not_equal", "a != b", np.not_equal, bool_dtype, "bool"),
-    ("less", "a < b", np.less, bool_dtype, "bool"),
-    ("less_equal", "a <= b", np.less_equal, bool_dtype, "bool"),
-    ("greater", "a > b", np.greater, bool_dtype, "bool"),
-    ("greater_equal", "a >= b", np.greater_equal, bool_dtype, "bool"),
-    ("logical_and", "a and b (bool)", np.logical_and, _bool_only, None),
-    ("logical_or", "a or b (bool)", np.logical_or, _bool_only, None),
+def _power(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    if tx.is_float(a.dtype):
+        return te.pow(a, b)
+    # integers through float64 and int64, exact while |a ** b| < 2 ** 53, wrapping into narrower dtypes
+    # as numpy's integer power does (numpy refuses negative exponents)
+    exact = te.pow(te.cast(a, "float64"), te.cast(b, "float64"))
+    return te.cast(te.cast(exact, "int64"), a.dtype)
+
+
+# tir's `/` truncates integers (as C), `//` and `%` floor them (as Python and numpy)
+_BINARY: list[tuple[str, str, Callable[..., Any], DTypeRule, str | None, TeExpr]] = [
+    # name, description, numpy function, dtype rule, reference's output dtype, te expression of the element
+    ("add", "a + b", np.add, _numeric, None, lambda a, b: a + b),
+    ("subtract", "a - b", np.subtract, _numeric, None, lambda a, b: a - b),
+    ("multiply", "a * b", np.multiply, _numeric, None, lambda a, b: a * b),
+    ("divide", "a / b (truncating for integers, as C)", lambda a, b: _c_divide(a, b), _numeric, None,
+     lambda a, b: a / b),
+    ("power", "a ** b", np.power, _numeric, None, _power),
+    ("maximum", "elementwise max", np.maximum, same_dtype, None, tx.max_),
+    ("minimum", "elementwise min", np.minimum, same_dtype, None, tx.min_),
+    ("floor_divide", "floor(a / b)", _floor_divide, _numeric, None, lambda a, b: a // b),
+    ("floor_mod", "a - floor(a / b) * b", np.mod, _numeric, None, lambda a, b: a % b),
+    ("equal", "a == b", np.equal, bool_dtype, "bool", tx.eq),
+    ("not_equal", "a != b", np.not_equal, bool_dtype, "bool", tx.ne),
+    ("less", "a < b", np.less, bool_dtype, "bool", lambda a, b: a < b),
+    ("less_equal", "a <= b", np.less_equal, bool_dtype, "bool", lambda a, b: a <= b),
+    ("greater", "a > b", np.greater, bool_dtype, "bool", lambda a, b: a > b),
+    ("greater_equal", "a >= b", np.greater_equal, bool_dtype, "bool", lambda a, b: a >= b),
+    ("logical_and", "a and b (bool)", np.logical_and, _bool_only, None, tx.all_of),
+    ("logical_or", "a or b (bool)", np.logical_or, _bool_only, None, tx.any_of),
 ]
 
 
@@ -135,8 +160,8 @@ def _c_divide(a: Any, b: Any) -> Any:
     return a / b
 
 
-for _name, _doc, _fn, _rule, _out in _BINARY:
-    register_binary(_name, _doc, _binary(_fn, _out), _rule)
+for _name, _doc, _fn, _rule, _out, _te in _BINARY:
+    register_binary(_name, _doc, _binary(_fn, _out), _rule, te_expr=_te)
 
 
 # --- clip ------------------------------------------------------------------------
@@ -160,6 +185,20 @@ register_unary(
     "clip", "x limited to [a_min, a_max]",
     lambda attrs, x: np.clip(x, attrs.a_min, attrs.a_max).astype(x.dtype), _numeric, ClipAttrs,
 )
+
+
+def _clip_expr(attrs: ClipAttrs, x: PrimExpr) -> PrimExpr:
+    if tx.is_float(x.dtype):
+        return tx.min_(tx.max_(x, tx.const(attrs.a_min, x.dtype)), tx.const(attrs.a_max, x.dtype))
+    # numpy clips an integer tensor to float bounds, then truncates: an integer x below a_min is below
+    # ceil(a_min) and becomes trunc(a_min). Bounds past the dtype's range are first clamped into it.
+    info = np.iinfo(x.dtype)
+    lo, hi = (float(np.clip(v, info.min, info.max)) for v in (attrs.a_min, attrs.a_max))
+    low = tx.select(x < tx.const(math.ceil(lo), x.dtype), tx.const(int(lo), x.dtype), x)
+    return tx.select(x > tx.const(math.floor(hi), x.dtype), tx.const(int(hi), x.dtype), low)
+
+
+register_compute("clip", elementwise_compute(_clip_expr, "clip"))
 
 
 def clip(data: Expr, a_min: float, a_max: float) -> Call:
@@ -199,6 +238,9 @@ def _cast_rel(arg_types: list[Any], attrs: CastAttrs) -> Any:
 )
 
 
+register_compute("cast", elementwise_compute(lambda attrs, x: te.cast(x, str(attrs.dtype)), "cast"))
+
+
 def cast(data: Expr, dtype: Any) -> Call:
     """data converted to `dtype`."""
     return call("cast", [data], CastAttrs.make("cast", dtype=dtype))
@@ -233,6 +275,9 @@ def _where_rel(arg_types: list[Any], attrs: Any) -> Any:
     .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
     .set_attr(attr.FReference, lambda attrs, c, x, y: np.where(c, x, y))
 )
+
+
+register_compute("where", elementwise_compute(lambda attrs, c, x, y: te.select(c, x, y), "where"))
 
 
 def where(condition: Expr, x: Expr, y: Expr) -> Call:

@@ -1,11 +1,13 @@
-"""Transform ops: reshape, transpose, squeeze, expand_dims, concatenate, stack, split,
-strided_slice, take, broadcast_to, nn.batch_flatten, tile; and the creation ops
-full, zeros, ones, zeros_like, ones_like, shape_of, arange.
+"""Transform ops: reshape, transpose, squeeze, expand_dims, concatenate, stack,
+broadcast_to, nn.batch_flatten, tile; and the creation ops full, zeros, ones,
+zeros_like, ones_like, shape_of, arange. (split, strided_slice and take live in
+`indexing.py`; they are re-exported here, where they have always been imported from.)
 
 Each op is registered in one chain (description, arguments, attrs, relation,
-support level, pattern, numpy reference); its Python constructor sits next to
-it. Ops that join several tensors (concatenate, stack) take ONE argument, a
-tuple, as in TVM; their numpy reference receives it as a tuple of arrays.
+support level, pattern, numpy reference), its te compute right after it; its
+Python constructor sits next to them. Ops that join several tensors (concatenate,
+stack) take ONE argument, a tuple, as in TVM; their numpy reference receives it
+as a tuple of arrays; their compute receives the tuple's tensors as its inputs.
 """
 
 from __future__ import annotations
@@ -17,20 +19,20 @@ from typing import Any
 import attrs
 import numpy as np
 
+from kiln import te
 from kiln.ir.attrs import (
     Attrs,
     FieldError,
     float_value,
     int_range,
     int_tuple,
-    one_of,
     optional,
     to_dtype,
     to_int_tuple,
     to_opt_int_tuple,
 )
 from kiln.ir.dtype import DataType
-from kiln.ir.types import ANY, Dim, TensorType, TupleType, Type, dim_add, dim_div, dim_mul, dim_prod
+from kiln.ir.types import ANY, Dim, TensorType, Type, dim_add, dim_div, dim_mul, dim_prod
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, Tuple, call, const
 from kiln.relay.op._rel import (
@@ -42,33 +44,24 @@ from kiln.relay.op._rel import (
     tensor_args,
     tuple_of_tensors,
 )
+from kiln.relay.op._schedule import register_compute
+from kiln.relay.op.indexing import DATA_ARG as _DATA
+from kiln.relay.op.indexing import Array, Shape, clamp, static_shape, unravel
+from kiln.relay.op.indexing import SplitAttrs as SplitAttrs
+from kiln.relay.op.indexing import StridedSliceAttrs as StridedSliceAttrs
+from kiln.relay.op.indexing import TakeAttrs as TakeAttrs
+from kiln.relay.op.indexing import check_axes as _check_axes
+from kiln.relay.op.indexing import shape_str as _shape_str
+from kiln.relay.op.indexing import split as split
+from kiln.relay.op.indexing import strided_slice as strided_slice
+from kiln.relay.op.indexing import take as take
+from kiln.tir import expr as tx
 
-Array = np.ndarray[Any, Any]
-Shape = tuple[Dim, ...]
-
-_DATA = ("data", "Tensor", "the input")
 _F32 = DataType.of("float32")
-# An `end` at least this large means "to the end of the axis" (TVM's and ONNX's idiom).
-_END_OF_AXIS = 2**31 - 1
-
-
-def _shape_str(shape: Sequence[Any]) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _to_opt_dtype(value: Any) -> DataType | None:
     return None if value is None else DataType.of(value)
-
-
-def _check_axes(axes: Sequence[int], ndim: int, what: str = "axis") -> list[int]:
-    """`axes` normalized; RelationError for an axis out of range or given twice."""
-    out: list[int] = []
-    for a in axes:
-        n = normalize_axis(a, ndim, what)
-        if n in out:
-            raise RelationError(f"{what} {a} is given twice in {_shape_str(axes)} for a tensor of rank {ndim}")
-        out.append(n)
-    return out
 
 
 def _insert_axis(axis: int, ndim: int, op: str) -> int:
@@ -113,6 +106,44 @@ def _fields_alike(fields: list[TensorType], op: str, skip_axis: int | None = Non
                 )
             dims[k] = merged
     return dims
+
+
+def _ravel(index: Sequence[tx.PrimExpr], shape: Sequence[int]) -> tx.PrimExpr:
+    """The element number, in row-major order, of `index` into a tensor of `shape`."""
+    flat: tx.PrimExpr = tx.const(0)
+    stride = 1
+    for i, d in zip(reversed(index), reversed(shape), strict=True):
+        if d != 1:
+            flat = flat + (i * stride if stride != 1 else i)
+        stride *= d
+    return flat
+
+
+def _reshape_tensor(x: te.Tensor, shape: tuple[int, ...], name: str) -> te.Tensor:
+    """`x`'s elements in row-major order in `shape` (the compute of reshape and its kin).
+
+    When only dims of size 1 come and go (squeeze, expand_dims, most batch_flattens), each
+    output axis reads its input axis directly; otherwise through the element number.
+    """
+    dims = static_shape(x)
+    kept_in = [k for k, d in enumerate(dims) if d != 1]
+    kept_out = [k for k, d in enumerate(shape) if d != 1]
+
+    def direct(*i: tx.PrimExpr) -> tx.PrimExpr:
+        index: list[tx.PrimExpr] = [tx.const(0)] * len(dims)
+        for a, b in zip(kept_in, kept_out, strict=True):
+            index[a] = i[b]
+        return x[tuple(index)]
+
+    def through_flat(*i: tx.PrimExpr) -> tx.PrimExpr:
+        return x[unravel(_ravel(i, shape), dims)]
+
+    same = [dims[k] for k in kept_in] == [shape[k] for k in kept_out]
+    return te.compute(shape, direct if same else through_flat, name=name)
+
+
+def _reshape_compute(attrs: Any, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    return [_reshape_tensor(inputs[0], static_shape(out_type), "reshape")]
 
 
 # --- reshape, transpose, squeeze, expand_dims ----------------------------------------------
@@ -169,6 +200,7 @@ def _reshape_ref(attrs: ReshapeAttrs, x: Array) -> Array:
     .add_type_rel("Reshape", shape_relation(_reshape_shape))
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _reshape_ref))
+register_compute("reshape", _reshape_compute)
 
 
 def reshape(data: Expr, newshape: int | Sequence[int]) -> Call:
@@ -204,6 +236,22 @@ def _transpose_shape(shapes: list[Shape], attrs: TransposeAttrs) -> Shape:
     .set_attr(attr.FReference, lambda attrs, x: np.transpose(x, attrs.axes)))
 
 
+def _transpose_compute(attrs: TransposeAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    x = inputs[0]
+    axes = list(range(x.ndim))[::-1] if attrs.axes is None else _check_axes(attrs.axes, x.ndim)
+
+    def element(*i: tx.PrimExpr) -> tx.PrimExpr:
+        index: list[tx.PrimExpr] = [tx.const(0)] * x.ndim
+        for k, a in enumerate(axes):
+            index[a] = i[k]
+        return x[tuple(index)]
+
+    return [te.compute(static_shape(out_type), element, name="transpose")]
+
+
+register_compute("transpose", _transpose_compute)
+
+
 def transpose(data: Expr, axes: Sequence[int] | None = None) -> Call:
     """`data` with its dims permuted: output dim i is input dim `axes[i]`; None reverses them."""
     return call("transpose", [data], TransposeAttrs.make("transpose", axes=axes))
@@ -237,6 +285,7 @@ def _squeeze_shape(shapes: list[Shape], attrs: SqueezeAttrs) -> Shape:
     .add_type_rel("Squeeze", shape_relation(_squeeze_shape))
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, lambda attrs, x: np.squeeze(x, axis=attrs.axis)))
+register_compute("squeeze", _reshape_compute)
 
 
 def squeeze(data: Expr, axis: int | Sequence[int] | None = None) -> Call:
@@ -268,6 +317,7 @@ def _expand_dims_ref(attrs: ExpandDimsAttrs, x: Array) -> Array:
     .add_type_rel("ExpandDims", shape_relation(_expand_dims_shape))
     .set_support_level(1).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _expand_dims_ref))
+register_compute("expand_dims", _reshape_compute)
 
 
 def expand_dims(data: Expr, axis: int, num_newaxis: int = 1) -> Call:
@@ -311,6 +361,37 @@ def _concatenate_rel(arg_types: list[Type], attrs: AxisAttrs) -> Type | None:
     .set_attr(attr.FReference, lambda attrs, xs: np.concatenate(xs, axis=attrs.axis)))
 
 
+def _concatenate_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    axis = normalize_axis(attrs.axis, inputs[0].ndim)
+    pieces: list[tuple[te.Tensor, int, int]] = []  # (tensor, first output index on the axis, its size)
+    start = 0
+    for x in inputs:
+        size = static_shape(x)[axis]
+        if size:
+            pieces.append((x, start, size))
+        start += size
+    shape = static_shape(out_type)
+    if not pieces:  # every input is empty along the axis, and so is the output
+        return [te.compute(shape, lambda *i: te.const(0, inputs[0].dtype), name="concatenate")]
+
+    def element(*i: tx.PrimExpr) -> tx.PrimExpr:
+        # both sides of a select may be loaded, so each piece's index is clamped into that piece
+        def load(piece: tuple[te.Tensor, int, int]) -> tx.PrimExpr:
+            x, first, size = piece
+            index = (*i[:axis], clamp(i[axis] - first, 0, size - 1), *i[axis + 1 :])
+            return x[index]
+
+        value = load(pieces[-1])
+        for piece, after in zip(pieces[-2::-1], pieces[:0:-1], strict=True):
+            value = tx.select(i[axis] < after[1], load(piece), value)
+        return value
+
+    return [te.compute(shape, element, name="concatenate")]
+
+
+register_compute("concatenate", _concatenate_compute)
+
+
 def concatenate(data: Expr | Sequence[Expr], axis: int = 0) -> Call:
     """The tensors in `data` (a list, or a tuple-typed expression) joined along `axis`."""
     return call("concatenate", [_as_tuple(data)], AxisAttrs.make("concatenate", axis=axis))
@@ -332,222 +413,26 @@ def _stack_rel(arg_types: list[Type], attrs: AxisAttrs) -> Type | None:
     .set_attr(attr.FReference, lambda attrs, xs: np.stack(xs, axis=attrs.axis)))
 
 
+def _stack_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    shape = static_shape(out_type)
+    at = normalize_axis(attrs.axis, len(shape))
+
+    def element(*i: tx.PrimExpr) -> tx.PrimExpr:
+        index = (*i[:at], *i[at + 1 :])
+        value: tx.PrimExpr = inputs[-1][index]
+        for k in range(len(inputs) - 2, -1, -1):
+            value = tx.select(tx.eq(i[at], k), inputs[k][index], value)
+        return value
+
+    return [te.compute(shape, element, name="stack")]
+
+
+register_compute("stack", _stack_compute)
+
+
 def stack(data: Expr | Sequence[Expr], axis: int = 0) -> Call:
     """The tensors in `data` (a list, or a tuple-typed expression) joined along a new axis `axis`."""
     return call("stack", [_as_tuple(data)], AxisAttrs.make("stack", axis=axis))
-
-
-def _to_sections(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return to_int_tuple(value)
-    return int(value) if isinstance(value, np.integer) else value
-
-
-def _sections_value(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
-    def is_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    if is_int(value) and value >= 1:
-        return
-    if isinstance(value, tuple) and all(map(is_int, value)) and all(map(int.__lt__, (0, *value), value)):
-        return
-    raise FieldError(field.name, "a number of sections >= 1 or a strictly ascending list of indices > 0", value)
-
-
-@attrs.frozen
-class SplitAttrs(Attrs):
-    """How split cuts its input."""
-
-    indices_or_sections: int | tuple[int, ...] = attrs.field(
-        converter=_to_sections, validator=_sections_value,
-        metadata={"doc": "a number of equal sections, or the ascending indices where new pieces start"},
-    )
-    axis: int = attrs.field(default=0, validator=int_range(), metadata={"doc": "the axis to cut"})
-
-
-def _split_rel(arg_types: list[Type], attrs: SplitAttrs) -> Type | None:
-    tensors = tensor_args(arg_types)
-    if tensors is None:
-        return None
-    data = tensors[0]
-    axis = normalize_axis(attrs.axis, data.ndim)
-    dim, cut = data.shape[axis], attrs.indices_or_sections
-    pieces: list[Dim] = []
-    if isinstance(cut, int):
-        piece = dim_div(dim, cut)
-        if piece is None:
-            raise RelationError(
-                f"axis {axis} of shape {_shape_str(data.shape)} has size {dim}, "
-                f"which does not split into {cut} equal sections",
-                arg=0,
-            )
-        pieces = [piece] * cut
-    else:
-        if cut and isinstance(dim, int) and cut[-1] > dim:
-            raise RelationError(
-                f"split index {cut[-1]} is past the end of axis {axis} of shape {_shape_str(data.shape)}", arg=0
-            )
-        pieces = [b - a for a, b in zip((0, *cut), cut, strict=False)]
-        pieces.append(dim_add(dim, -cut[-1]) if cut else dim)
-    fields: list[Type] = [TensorType((*data.shape[:axis], p, *data.shape[axis + 1 :]), data.dtype) for p in pieces]
-    return TupleType(fields)
-
-
-def _split_ref(attrs: SplitAttrs, x: Array) -> tuple[Array, ...]:
-    cut = attrs.indices_or_sections
-    return tuple(np.split(x, cut if isinstance(cut, int) else list(cut), axis=attrs.axis))
-
-
-(register_op("split").describe("cuts a tensor along an axis into a tuple of tensors")
-    .set_num_inputs(1).add_argument(*_DATA).set_attrs_type(SplitAttrs)
-    .add_type_rel("Split", _split_rel)
-    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, _split_ref))
-
-
-def split(data: Expr, indices_or_sections: int | Sequence[int], axis: int = 0) -> Call:
-    """`data` cut along `axis` into equal sections (an int) or at ascending indices; its value is a tuple."""
-    return call("split", [data], SplitAttrs.make("split", indices_or_sections=indices_or_sections, axis=axis))
-
-
-# --- strided_slice, take -----------------------------------------------------------------
-
-
-def _nonzero_ints(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
-    int_tuple()(_, field, value)
-    if 0 in value:
-        raise FieldError(field.name, "a list of non-zero ints", value)
-
-
-@attrs.frozen
-class StridedSliceAttrs(Attrs):
-    """numpy slicing, `data[begin:end:stride]` per axis (negative indices count from the end; clamped)."""
-
-    begin: tuple[int, ...] = attrs.field(
-        converter=to_int_tuple, validator=int_tuple(), metadata={"doc": "the first index per axis"}
-    )
-    end: tuple[int, ...] = attrs.field(
-        converter=to_int_tuple, validator=int_tuple(), metadata={"doc": "one past the last index per axis"}
-    )
-    strides: tuple[int, ...] | None = attrs.field(
-        default=None, converter=to_opt_int_tuple, validator=optional(_nonzero_ints),
-        metadata={"doc": "the step per axis; missing trailing entries are 1"},
-    )
-    axes: tuple[int, ...] | None = attrs.field(
-        default=None, converter=to_opt_int_tuple, validator=optional(int_tuple()),
-        metadata={"doc": "the axes begin/end/strides apply to (None: the leading axes)"},
-    )
-
-    def __attrs_post_init__(self) -> None:
-        k = len(self.begin)
-        if len(self.end) != k:
-            raise FieldError("end", f"a list of {k} ints (as many as begin)", self.end)
-        if self.strides is not None and len(self.strides) > k:
-            raise FieldError("strides", f"a list of at most {k} ints (as many as begin)", self.strides)
-        if self.axes is not None and len(self.axes) != k:
-            raise FieldError("axes", f"a list of {k} ints (as many as begin)", self.axes)
-
-    def slices(self, ndim: int) -> list[tuple[int, int, int, int]]:
-        """(axis, begin, end, stride) per sliced axis of a rank-`ndim` tensor; RelationError for bad axes."""
-        k = len(self.begin)
-        if self.axes is None and k > ndim:
-            raise RelationError(f"begin has {k} entries for a tensor of rank {ndim}", arg=0)
-        axes = list(range(k)) if self.axes is None else _check_axes(self.axes, ndim)
-        strides = list(self.strides or ()) + [1] * (k - len(self.strides or ()))
-        return list(zip(axes, self.begin, self.end, strides, strict=True))
-
-
-def _slice_dim(dim: Dim, begin: int, end: int, stride: int) -> Dim:
-    if isinstance(dim, int):
-        return len(range(dim)[begin:end:stride])
-    return dim if (stride, begin) == (1, 0) and end >= _END_OF_AXIS else ANY
-
-
-def _strided_slice_shape(shapes: list[Shape], attrs: StridedSliceAttrs) -> Shape:
-    out = list(shapes[0])
-    for axis, begin, end, stride in attrs.slices(len(out)):
-        out[axis] = _slice_dim(out[axis], begin, end, stride)
-    return tuple(out)
-
-
-def _strided_slice_ref(attrs: StridedSliceAttrs, x: Array) -> Array:
-    index = [slice(None)] * x.ndim
-    for axis, begin, end, stride in attrs.slices(x.ndim):
-        index[axis] = slice(begin, end, stride)
-    return np.array(x[tuple(index)])
-
-
-(register_op("strided_slice").describe("numpy slicing data[begin:end:stride] along some axes")
-    .set_num_inputs(1).add_argument(*_DATA).set_attrs_type(StridedSliceAttrs)
-    .add_type_rel("StridedSlice", shape_relation(_strided_slice_shape))
-    .set_support_level(4).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, _strided_slice_ref))
-
-
-def strided_slice(
-    data: Expr,
-    begin: Sequence[int],
-    end: Sequence[int],
-    strides: Sequence[int] | None = None,
-    axes: Sequence[int] | None = None,
-) -> Call:
-    """`data[begin:end:stride]` on each of `axes`, as numpy slices.
-
-    Args:
-        data: the input.
-        begin: the first index per axis (negative counts from the end).
-        end: one past the last index per axis (clamped; 2**31 - 1 or more reads "to the end").
-        strides: the step per axis (non-zero; missing trailing entries are 1).
-        axes: the axes the lists apply to (None: the first len(begin) axes).
-
-    Returns:
-        The call of `strided_slice`.
-    """
-    sliced = StridedSliceAttrs.make("strided_slice", begin=begin, end=end, strides=strides, axes=axes)
-    return call("strided_slice", [data], sliced)
-
-
-@attrs.frozen
-class TakeAttrs(Attrs):
-    """The axis of take and what it does with out-of-range indices."""
-
-    axis: int | None = attrs.field(
-        default=None, validator=optional(int_range()), metadata={"doc": "the axis to index (None: the flattened data)"}
-    )
-    mode: str = attrs.field(
-        default="clip", validator=one_of("clip", "wrap", "fast"),
-        metadata={"doc": "out-of-range indices: clip to the ends, wrap around, or assume none (fast)"},
-    )
-
-
-def _take_rel(arg_types: list[Type], attrs: TakeAttrs) -> Type | None:
-    tensors = tensor_args(arg_types)
-    if tensors is None:
-        return None
-    data, indices = tensors
-    if not indices.dtype.is_int:
-        raise RelationError(f"expected integer indices, found dtype {indices.dtype}", arg=1)
-    if attrs.axis is None:
-        return TensorType(indices.shape, data.dtype)
-    axis = normalize_axis(attrs.axis, data.ndim)
-    return TensorType((*data.shape[:axis], *indices.shape, *data.shape[axis + 1 :]), data.dtype)
-
-
-def _take_ref(attrs: TakeAttrs, x: Array, indices: Array) -> Array:
-    mode: Any = "raise" if attrs.mode == "fast" else attrs.mode  # fast: indices are in range
-    return np.asarray(np.take(x, indices, axis=attrs.axis, mode=mode))
-
-
-(register_op("take").describe("the elements of data at the given indices along an axis")
-    .set_num_inputs(2).add_argument(*_DATA).add_argument("indices", "Tensor", "integer indices")
-    .set_attrs_type(TakeAttrs).add_type_rel("Take", _take_rel)
-    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, _take_ref))
-
-
-def take(data: Expr, indices: Expr, axis: int | None = None, mode: str = "clip") -> Call:
-    """`data` indexed by `indices` along `axis` (None: the flattened data); mode is clip, wrap or fast."""
-    return call("take", [data, indices], TakeAttrs.make("take", axis=axis, mode=mode))
 
 
 # --- broadcast_to, nn.batch_flatten, tile ------------------------------------------------
@@ -580,6 +465,20 @@ def _broadcast_to_shape(shapes: list[Shape], attrs: ShapeAttrs) -> Shape:
     .set_attr(attr.FReference, lambda attrs, x: np.array(np.broadcast_to(x, attrs.shape))))
 
 
+def _broadcast_to_compute(attrs: ShapeAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    x, shape = inputs[0], static_shape(out_type)
+    dims = static_shape(x)
+    lead = len(shape) - len(dims)
+
+    def element(*i: tx.PrimExpr) -> tx.PrimExpr:
+        return x[tuple(tx.const(0) if d == 1 else i[lead + k] for k, d in enumerate(dims))]
+
+    return [te.compute(shape, element, name="broadcast_to")]
+
+
+register_compute("broadcast_to", _broadcast_to_compute)
+
+
 def broadcast_to(data: Expr, shape: Sequence[int]) -> Call:
     """`data` broadcast to `shape` with numpy's rules."""
     return call("broadcast_to", [data], ShapeAttrs.make("broadcast_to", shape=shape))
@@ -597,6 +496,7 @@ def _batch_flatten_shape(shapes: list[Shape], attrs: Any) -> Shape:
     .add_type_rel("BatchFlatten", shape_relation(_batch_flatten_shape))
     .set_support_level(1).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, lambda attrs, x: np.reshape(x, (x.shape[0], math.prod(x.shape[1:])))))
+register_compute("nn.batch_flatten", _reshape_compute)
 
 
 def batch_flatten(data: Expr) -> Call:
@@ -627,6 +527,23 @@ def _tile_shape(shapes: list[Shape], attrs: TileAttrs) -> Shape:
     .add_type_rel("Tile", shape_relation(_tile_shape))
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, lambda attrs, x: np.tile(x, attrs.reps)))
+
+
+def _tile_compute(attrs: TileAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    x, shape = inputs[0], static_shape(out_type)
+    dims = static_shape(x)
+    lead = len(shape) - len(dims)
+
+    def element(*i: tx.PrimExpr) -> tx.PrimExpr:
+        return x[tuple(
+            tx.const(0) if d == 1 else i[lead + k] if shape[lead + k] == d else i[lead + k] % d
+            for k, d in enumerate(dims)
+        )]
+
+    return [te.compute(shape, element, name="tile")]
+
+
+register_compute("tile", _tile_compute)
 
 
 def tile(data: Expr, reps: int | Sequence[int]) -> Call:
@@ -666,6 +583,16 @@ def _full_ref(attrs: FullAttrs, value: Array) -> Array:
     .set_attr(attr.FReference, _full_ref))
 
 
+def _full_compute(attrs: FullAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    value = inputs[0]
+    assert isinstance(out_type, TensorType)
+    dtype = str(out_type.dtype)
+    return [te.compute(static_shape(out_type), lambda *i: te.cast(value[()], dtype), name="full")]
+
+
+register_compute("full", _full_compute)
+
+
 def full(fill_value: Expr | float, shape: Sequence[int], dtype: Any = None) -> Call:
     """A tensor of `shape` and `dtype` (None: fill_value's) filled with `fill_value` (rank-0, or a number)."""
     full_attrs = FullAttrs.make("full", shape=shape, dtype=dtype)
@@ -684,6 +611,13 @@ def _init_rel(arg_types: list[Type], attrs: InitAttrs) -> Type:
     return TensorType(attrs.shape, attrs.dtype)
 
 
+def _fill_compute(fill: int, out_type: Type) -> list[te.Tensor]:
+    """The compute of zeros, ones, zeros_like and ones_like: `fill` in the output's type."""
+    assert isinstance(out_type, TensorType)
+    value = te.const(fill, str(out_type.dtype))
+    return [te.compute(static_shape(out_type), lambda *i: value, name="fill")]
+
+
 for _name, _fill in [("zeros", 0), ("ones", 1)]:
     (register_op(_name).describe(f"a tensor of a given shape and dtype filled with {_fill}")
         .set_num_inputs(0).set_attrs_type(InitAttrs).add_type_rel("InitOp", _init_rel)
@@ -694,6 +628,8 @@ for _name, _fill in [("zeros", 0), ("ones", 1)]:
         .add_type_rel("Identity", shape_relation(identity_shape, same_dtype))
         .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
         .set_attr(attr.FReference, lambda attrs, x, _fill=_fill: np.full_like(x, _fill)))
+    register_compute(_name, lambda attrs, inputs, out_type, _fill=_fill: _fill_compute(_fill, out_type))
+    register_compute(f"{_name}_like", lambda attrs, inputs, out_type, _fill=_fill: _fill_compute(_fill, out_type))
 
 
 def zeros(shape: Sequence[int], dtype: Any = "float32") -> Call:
@@ -742,6 +678,21 @@ def _shape_of_rel(arg_types: list[Type], attrs: ShapeOfAttrs) -> Type | None:
     .set_attr(attr.FReference, lambda attrs, x: np.array(x.shape, dtype=attrs.dtype.numpy())))
 
 
+def _shape_of_compute(attrs: ShapeOfAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    dims, dtype = static_shape(inputs[0]), str(attrs.dtype)
+
+    def element(i: tx.PrimExpr) -> tx.PrimExpr:
+        value = te.const(dims[-1] if dims else 0, dtype)
+        for k in range(len(dims) - 2, -1, -1):
+            value = tx.select(tx.eq(i, k), te.const(dims[k], dtype), value)
+        return value
+
+    return [te.compute(static_shape(out_type), element, name="shape_of")]
+
+
+register_compute("shape_of", _shape_of_compute)
+
+
 def shape_of(data: Expr, dtype: Any = "int32") -> Call:
     """The shape of `data` as a 1-d tensor of `dtype`."""
     return call("shape_of", [data], ShapeOfAttrs.make("shape_of", dtype=dtype))
@@ -782,6 +733,19 @@ def _arange_ref(attrs: ArangeAttrs) -> Array:
     .set_num_inputs(0).set_attrs_type(ArangeAttrs).add_type_rel("Arange", _arange_rel)
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     .set_attr(attr.FReference, _arange_ref))
+
+
+def _arange_compute(attrs: ArangeAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    start, step = te.const(float(attrs.start), "float64"), te.const(float(attrs.step), "float64")
+    dtype = str(attrs.dtype)
+
+    def element(i: tx.PrimExpr) -> tx.PrimExpr:
+        return te.cast(start + te.cast(i, "float64") * step, dtype)
+
+    return [te.compute(static_shape(out_type), element, name="arange")]
+
+
+register_compute("arange", _arange_compute)
 
 
 def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any = "float32") -> Call:

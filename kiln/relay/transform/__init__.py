@@ -1,4 +1,17 @@
-"""Relay passes. `InferType` types every function; the other passes come with relay.build."""
+"""Relay passes. `InferType` types every function; the others are the optimizations relay.build runs.
+
+| pass | opt level | what it does |
+| --- | --- | --- |
+| InferType | 0 | sets `checked_type` on every expression |
+| SimplifyInference | 0 | batch_norm / layer_norm into arithmetic, dropout into the identity |
+| FoldConstant | 2 | evaluates calls whose arguments are all constants |
+| EliminateCommonSubexpr | 3 | merges structurally equal calls |
+| DeadCodeElimination | 1 | removes unused let bindings and untaken constant branches |
+| FoldScaleAxis | 3 | folds a per-channel scale after conv2d / dense into the weight |
+| FuseOps | 1 | groups calls into primitive functions by TOpPattern (fuse_ops.py) |
+
+Every pass leaves the module typed, and runs under `PassContext(verify=True)`.
+"""
 
 from __future__ import annotations
 
@@ -35,3 +48,31 @@ def verify(mod: IRModule) -> None:
 
 register_pass_factory("InferType", InferType)
 PassContext.verifier = verify
+
+# The optimization passes (imported after InferType exists: they require it by name).
+from kiln.relay.transform.cse import EliminateCommonSubexpr
+from kiln.relay.transform.dce import DeadCodeElimination
+from kiln.relay.transform.fold_constant import FoldConstant
+from kiln.relay.transform.fold_scale_axis import FoldScaleAxis
+from kiln.relay.transform.fuse_ops import FuseOps
+from kiln.relay.transform.simplify_inference import SimplifyInference
+
+for _name, _factory in (
+    ("SimplifyInference", SimplifyInference),
+    ("FoldConstant", FoldConstant),
+    ("EliminateCommonSubexpr", EliminateCommonSubexpr),
+    ("DeadCodeElimination", DeadCodeElimination),
+    ("FoldScaleAxis", FoldScaleAxis),
+):
+    register_pass_factory(_name, _factory)
+
+__all__ = [
+    "DeadCodeElimination",
+    "EliminateCommonSubexpr",
+    "FoldConstant",
+    "FoldScaleAxis",
+    "FuseOps",
+    "InferType",
+    "SimplifyInference",
+    "verify",
+]

@@ -1,0 +1,205 @@
+"""`relay.build`: a Relay module to a `runtime.Library` of fused kernels and a planned graph.
+
+The steps: bind `params` as constants; run the optimization passes under the
+current `PassContext` (each pass runs only at or above its opt level); fuse;
+compile each primitive function (structurally equal ones once); walk the main
+function to lay out the graph's slots and launches; plan its memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import KilnError
+from kiln.ir.module import IRModule
+from kiln.ir.transform import PassContext, Sequential
+from kiln.ir.types import TensorType, TupleType, Type
+from kiln.registry import Op
+from kiln.relay import expr as rx
+from kiln.relay.backend.te_compiler import CompiledKernel, compile_primitive
+from kiln.relay.type_infer import infer_type
+from kiln.relay.visitor import ExprMutator, post_order
+from kiln.runtime.executor import Graph, Launch, Library, Slot
+from kiln.target import Target
+
+
+class BuildError(KilnError, ValueError):
+    """A module relay.build cannot compile (free variables, unsupported constructs, bad params)."""
+
+
+def _passes() -> list[Any]:
+    """The optimization pipeline, in order (each pass is gated by its own opt level)."""
+    from kiln.relay import transform as t
+
+    names = ["InferType", "SimplifyInference", "FoldConstant", "FoldScaleAxis", "FoldConstant",
+             "EliminateCommonSubexpr", "DeadCodeElimination", "FuseOps", "InferType"]
+    return [getattr(t, n)() for n in names if hasattr(t, n)]
+
+
+class _Bind(ExprMutator):
+    def __init__(self, values: Mapping[int, rx.Expr]) -> None:
+        super().__init__()
+        self.values = values
+
+    def rewrite_var(self, node: rx.Var) -> rx.Expr:
+        return self.values.get(id(node), node)
+
+
+def bind_params(func: rx.Function, params: Mapping[str, Any]) -> rx.Function:
+    """`func` with the parameters named in `params` replaced by constants of those values."""
+    by_name = {p.name_hint: p for p in func.params}
+    unknown = sorted(set(params) - set(by_name))
+    if unknown:
+        raise BuildError(f"params {unknown} are not parameters of main; its parameters are {sorted(by_name)}")
+    values: dict[int, rx.Expr] = {}
+    for name, value in params.items():
+        p = by_name[name]
+        arr = np.asarray(value)
+        ty = p.checked_type if p.has_type else p.type_annotation
+        if isinstance(ty, TensorType) and (tuple(ty.shape) != arr.shape or str(ty.dtype) != str(arr.dtype)):
+            raise BuildError(f"param {name!r}: expected {ty}, got an array of shape {arr.shape} and dtype {arr.dtype}")
+        values[id(p)] = rx.const(arr)
+    body = _Bind(values).visit(func.body)
+    return rx.Function([p for p in func.params if id(p) not in values], body, func.ret_type)
+
+
+class _GraphBuilder:
+    def __init__(self, target: Target, progress: Callable[[int, int], None] | None) -> None:
+        self.target = target
+        self.slots: list[Slot] = []
+        self.launches: list[Launch] = []
+        self.constants: dict[int, np.ndarray] = {}
+        self.kernels: list[CompiledKernel] = []
+        self.kernel_index: dict[int, int] = {}
+        self.progress = progress
+
+    def _slot(self, ty: TensorType, kind: str, name: str = "") -> int:
+        shape = []
+        for d in ty.shape:
+            if not isinstance(d, int):
+                raise BuildError(f"relay.build needs static shapes; {name or 'a value'} has type {ty}")
+            shape.append(d)
+        self.slots.append(Slot(tuple(shape), str(ty.dtype), kind, name))
+        return len(self.slots) - 1
+
+    def _temps(self, ty: Type) -> list[int]:
+        if isinstance(ty, TupleType):
+            return [s for f in ty.fields for s in self._temps(f)]
+        if not isinstance(ty, TensorType):
+            raise BuildError(f"relay.build cannot hold a value of type {ty}")
+        return [self._slot(ty, "temp")]
+
+    def _kernel(self, fn: rx.Function, n: int) -> int:
+        kernel = compile_primitive(fn, self.target, name=f"fused_{n}")
+        idx = self.kernel_index.get(id(kernel))
+        if idx is None:
+            idx = self.kernel_index[id(kernel)] = len(self.kernels)
+            self.kernels.append(kernel)
+        return idx
+
+    def build(self, func: rx.Function) -> Graph:
+        env: dict[int, list[int]] = {}
+        inputs = []
+        for p in func.params:
+            if not isinstance(p.checked_type, TensorType):
+                raise BuildError(f"input {p.name_hint!r} has type {p.checked_type}; inputs must be tensors")
+            env[id(p)] = [self._slot(p.checked_type, "input", p.name_hint)]
+            inputs.append(env[id(p)][0])
+        order = post_order(func.body)
+        inner = {id(x) for fn in order if isinstance(fn, rx.Function) for x in post_order(fn)}  # fused bodies
+        nodes = [n for n in order if id(n) not in inner]
+        calls = sum(isinstance(n, rx.Call) for n in nodes)
+        done = 0
+        for node in nodes:
+            if id(node) in env:
+                continue
+            if isinstance(node, rx.Var):
+                raise BuildError(f"free variable {node.name_hint!r} in main")
+            if isinstance(node, rx.Constant):
+                s = self._slot(node.type, "const")
+                self.constants[s] = np.array(node.data, copy=True)
+                env[id(node)] = [s]
+            elif isinstance(node, rx.Tuple):
+                env[id(node)] = [s for f in node.fields for s in env[id(f)]]
+            elif isinstance(node, rx.TupleGetItem):
+                tt = node.tuple_value.checked_type
+                assert isinstance(tt, TupleType)
+                start = sum(_width(f) for f in tt.fields[: node.index])
+                env[id(node)] = env[id(node.tuple_value)][start: start + _width(tt.fields[node.index])]
+            elif isinstance(node, rx.Call):
+                fn = node.op if isinstance(node.op, rx.Function) else _wrap(node)
+                k = self._kernel(fn, len(self.launches))
+                outs = self._temps(node.checked_type)
+                ins = [s for a in node.args for s in env[id(a)]]
+                kernel = self.kernels[k]
+                const_slots = []
+                for c in kernel.constants:
+                    s = self._slot(TensorType(c.shape, str(c.dtype)), "const")
+                    self.constants[s] = c
+                    const_slots.append(s)
+                self.launches.append(Launch(k, tuple(ins + const_slots), tuple(outs)))
+                env[id(node)] = outs
+                done += 1
+                if self.progress is not None:
+                    self.progress(done, calls)
+            else:
+                raise BuildError(f"relay.build cannot compile a {type(node).__name__} in main yet")
+        outputs = env[id(func.body)]
+        for s in outputs:
+            if self.slots[s].kind == "temp":
+                self.slots[s] = Slot(self.slots[s].shape, self.slots[s].dtype, "output")
+        graph = Graph(self.slots, self.launches, inputs, list(outputs), self.constants)
+        graph.plan_memory()
+        return graph
+
+
+def _width(ty: Type) -> int:
+    return sum(_width(f) for f in ty.fields) if isinstance(ty, TupleType) else 1
+
+
+def _wrap(call: rx.Call) -> rx.Function:
+    """A call of an op, as a primitive function of its own (when FuseOps did not run)."""
+    if not isinstance(call.op, Op):
+        raise BuildError(f"relay.build cannot call {type(call.op).__name__} values")
+    params = [rx.var(f"p{i}", a.checked_type) for i, a in enumerate(call.args)]
+    fn = infer_type(rx.Function(params, rx.Call(call.op, tuple(params), call.attrs)))
+    assert isinstance(fn, rx.Function)
+    return fn
+
+
+def build(
+    mod: IRModule | rx.Function,
+    target: str | Target = "llvm",
+    params: Mapping[str, Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Library:
+    """Compiles `mod`'s main function for `target`.
+
+    Args:
+        mod: an IRModule (its "main") or a Function.
+        target: an llvm target (default: the host CPU).
+        params: values of main's parameters to bind as constants (weights).
+        progress: called as `progress(done, total)` after each kernel compiles.
+
+    Returns:
+        The `runtime.Library`; `lib.create_executor()` runs it.
+    """
+    tgt = target if isinstance(target, Target) else Target(target)
+    if tgt.kind.name != "llvm":
+        raise BuildError(f"relay.build compiles for llvm targets so far, got {tgt}")
+    if isinstance(mod, rx.Function):
+        mod = IRModule.from_expr(mod)
+    func = infer_type(mod["main"])
+    if not isinstance(func, rx.Function):
+        raise BuildError(f"relay.build: main must be a Function, got {type(func).__name__}")
+    if params:
+        func = infer_type(bind_params(func, params))
+    mod = IRModule.from_expr(func)
+    with PassContext.current():
+        mod = Sequential(_passes(), name="relay.build")(mod)
+    builder = _GraphBuilder(tgt, progress)
+    graph = builder.build(mod["main"])
+    return Library(graph, [k.module for k in builder.kernels], tgt)

@@ -1,0 +1,84 @@
+"""Helpers shared by the nn family modules (nn, matmul, norm, conv, pool): shape checks and te index helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from kiln import te
+from kiln.ir.types import Dim, TensorType, TupleType, Type
+from kiln.relay.op._rel import RelationError, normalize_axis
+from kiln.tir import expr as tx
+from kiln.tir.expr import PrimExpr
+
+Array = np.ndarray[Any, Any]
+T = TypeVar("T")
+
+
+def differ(a: Dim, b: Dim) -> bool:
+    """Whether two dims are known to differ (both static and unequal)."""
+    return isinstance(a, int) and isinstance(b, int) and a != b
+
+
+def data_axis(axis: int, ndim: int) -> int:
+    """normalize_axis, blaming the data argument."""
+    try:
+        return normalize_axis(axis, ndim)
+    except RelationError as err:
+        err.arg = 0
+        raise
+
+
+def along(v: Array, axis: int, ndim: int) -> Array:
+    """A 1-D array shaped to broadcast along `axis` of an ndim-D array."""
+    shape = [1] * ndim
+    shape[axis] = -1
+    return v.reshape(shape)
+
+
+def tuple_type(*fields: Type) -> TupleType:
+    """A tuple type of `fields`."""
+    # typed as tuple[Type, ...]: mypy refuses a tuple of TensorTypes for TupleType's `converter=tuple`
+    return TupleType(fields)
+
+
+def check_vector(t: TensorType, size: Dim, arg: int, what: str, data: TensorType, axis: int) -> None:
+    """Checks that `t` is a vector of `size` (data's dim `axis`)."""
+    if t.ndim != 1 or differ(t.shape[0], size):
+        raise RelationError(f"expected {what} of shape ({size},) (dim {axis} of data {data}), found {t}", arg=arg)
+
+
+def static_shape(ty: Type) -> tuple[int, ...]:
+    """The static shape of a tensor type (lowering only builds ops whose dims are all ints)."""
+    assert isinstance(ty, TensorType)
+    return tuple(int(d) for d in ty.shape if isinstance(d, int))
+
+
+def dtype_of(ty: Type) -> str:
+    """The dtype name of a tensor type (the first field's for a tuple type)."""
+    if isinstance(ty, TupleType):
+        return dtype_of(ty.fields[0])
+    assert isinstance(ty, TensorType)
+    return str(ty.dtype)
+
+
+def clamp(index: PrimExpr, size: int) -> PrimExpr:
+    """`index` clamped into [0, size): keeps a guarded load in bounds, since a select may evaluate both sides."""
+    return tx.max_(tx.min_(index, size - 1), 0)
+
+
+def without(index: Sequence[T], axis: int) -> tuple[T, ...]:
+    """`index` without the entry at `axis` (the index of a reduction's result)."""
+    return (*index[:axis], *index[axis + 1:])
+
+
+def insert(index: Sequence[PrimExpr], axis: int, value: PrimExpr) -> tuple[PrimExpr, ...]:
+    """`index` with `value` inserted at `axis` (the index a reduction over `axis` reads)."""
+    return (*index[:axis], value, *index[axis:])
+
+
+def tensor_shape(t: te.Tensor) -> tuple[int, ...]:
+    """The static shape of a te tensor built by lowering (its dims are integer immediates)."""
+    return tuple(int(getattr(d, "value", -1)) for d in t.shape)

@@ -1,0 +1,259 @@
+"""Matrix products of the `relay.nn` namespace: nn.dense, nn.matmul and nn.batch_matmul.
+
+Each op is registered in one chain: description, arguments, attrs, relation,
+pattern, numpy reference; its te compute and its Python constructor sit next to
+it. The constructors are re-exported by `kiln.relay.op.nn`, so users write
+`relay.nn.dense(...)` as in TVM. The computes here are the direct (untiled)
+definitions; faster schedules are registered as further implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from kiln import te
+from kiln.ir.attrs import Attrs, bool_value, int_range, optional
+from kiln.ir.dtype import DataType
+from kiln.ir.types import Dim, TensorType, Type
+from kiln.registry import OpPattern
+from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op._nn_util import Array, differ, dtype_of, static_shape, tensor_shape
+from kiln.relay.op._reg import register_nn_op
+from kiln.relay.op._rel import RelationError, broadcast_dim, broadcast_shapes, same_dtype, tensor_args
+from kiln.relay.op._schedule import register_compute
+from kiln.relay.op.conv import dtype_or_none, optional_dtype
+from kiln.tir.expr import PrimExpr
+
+# --- nn.dense, nn.matmul, nn.batch_matmul ---------------------------------------------------------
+
+
+@attrs.frozen
+class DenseAttrs(Attrs):
+    """Attributes of nn.dense."""
+
+    units: int | None = attrs.field(default=None, validator=optional(int_range(1)), metadata={"doc": "outputs (N)"})
+    out_dtype: DataType | None = attrs.field(
+        default=None, converter=optional_dtype, validator=dtype_or_none, metadata={"doc": "output dtype; None: data's"}
+    )
+
+
+def _dense_rel(arg_types: list[Type], attrs: DenseAttrs) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    data, weight = tensors
+    if data.ndim < 1:
+        raise RelationError(f"expected data of rank >= 1, (..., K), found {data}", arg=0)
+    if weight.ndim != 2:
+        raise RelationError(f"expected a weight of rank 2, (units, K), found {weight}", arg=1)
+    units, k = weight.shape
+    if differ(data.shape[-1], k):
+        raise RelationError(
+            f"data {data} has K={data.shape[-1]} (its last dim) but weight {weight} has K={k} (its dim 1)", arg=1
+        )
+    if attrs.units is not None:
+        if differ(units, attrs.units):
+            raise RelationError(f"attribute units is {attrs.units} but weight {weight} has {units} rows", arg=1)
+        units = attrs.units
+    dtype = same_dtype([data.dtype, weight.dtype], attrs)
+    return TensorType((*data.shape[:-1], units), attrs.out_dtype or dtype)
+
+
+def _dense_ref(attrs: DenseAttrs, x: Array, w: Array) -> Array:
+    dtype = attrs.out_dtype.numpy() if attrs.out_dtype else x.dtype
+    return np.asarray(np.matmul(x.astype(dtype), w.astype(dtype).T))
+
+
+register_nn_op("nn.dense", "data @ weight.T: (..., K) x (N, K) -> (..., N)",
+               [("data", "the input, (..., K)"), ("weight", "the weight, (N, K)")],
+               _dense_rel, _dense_ref, OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=DenseAttrs, level=1)
+
+
+def _dense_compute(attrs: DenseAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    x, w = inputs
+    dtype = dtype_of(out_type)
+    k = te.reduce_axis((0, tensor_shape(w)[1]), name="k")
+
+    def product(*i: PrimExpr) -> PrimExpr:
+        row = (*i[:-1], k)
+        return te.sum(te.cast(x[row], dtype) * te.cast(w[i[-1], k], dtype), axis=k)
+
+    return [te.compute(static_shape(out_type), product, name="dense")]
+
+
+register_compute("nn.dense", _dense_compute)
+
+
+def dense(data: Expr, weight: Expr, units: int | None = None, out_dtype: Any = None) -> Call:
+    """A fully connected layer without bias: data @ weight.T.
+
+    Args:
+        data: the input, (..., K).
+        weight: the weight, (N, K).
+        units: N, checked against the weight.
+        out_dtype: the output dtype; None for the input's.
+
+    Returns:
+        The call of nn.dense.
+    """
+    return call("nn.dense", [data, weight], DenseAttrs.make("nn.dense", units=units, out_dtype=out_dtype))
+
+
+@attrs.frozen
+class MatmulAttrs(Attrs):
+    """Attributes of nn.matmul."""
+
+    transpose_a: bool = attrs.field(default=False, validator=bool_value, metadata={"doc": "a is (..., K, M)"})
+    transpose_b: bool = attrs.field(default=False, validator=bool_value, metadata={"doc": "b is (..., N, K)"})
+    out_dtype: DataType | None = attrs.field(
+        default=None, converter=optional_dtype, validator=dtype_or_none, metadata={"doc": "output dtype; None: a's"}
+    )
+
+
+@attrs.frozen
+class BatchMatmulAttrs(Attrs):
+    """Attributes of nn.batch_matmul; y is (B, N, K) by default, as in TVM."""
+
+    transpose_a: bool = attrs.field(default=False, validator=bool_value, metadata={"doc": "x is (B, K, M)"})
+    transpose_b: bool = attrs.field(default=True, validator=bool_value, metadata={"doc": "y is (B, N, K)"})
+    out_dtype: DataType | None = attrs.field(
+        default=None, converter=optional_dtype, validator=dtype_or_none, metadata={"doc": "output dtype; None: x's"}
+    )
+
+
+def _mm_dims(a: TensorType, b: TensorType, attrs: MatmulAttrs | BatchMatmulAttrs) -> tuple[Dim, Dim]:
+    """(M, N) of a matrix product over the last two dims; checks the K dims agree."""
+    m, ka = (a.shape[-1], a.shape[-2]) if attrs.transpose_a else (a.shape[-2], a.shape[-1])
+    n, kb = (b.shape[-2], b.shape[-1]) if attrs.transpose_b else (b.shape[-1], b.shape[-2])
+    if differ(ka, kb):
+        where_a = "dim -2" if attrs.transpose_a else "dim -1"
+        where_b = "dim -1" if attrs.transpose_b else "dim -2"
+        raise RelationError(
+            f"the reduction dims differ: {a} has K={ka} ({where_a}, transpose_a={attrs.transpose_a}) "
+            f"but {b} has K={kb} ({where_b}, transpose_b={attrs.transpose_b})",
+            arg=1,
+        )
+    return m, n
+
+
+def _matmul_rel(arg_types: list[Type], attrs: MatmulAttrs) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    a, b = tensors
+    for i, t in enumerate(tensors):
+        if t.ndim < 2:
+            raise RelationError(f"expected a tensor of rank >= 2 (a matrix or a batch of them), found {t}", arg=i)
+    m, n = _mm_dims(a, b, attrs)
+    try:
+        batch = broadcast_shapes([a.shape[:-2], b.shape[:-2]])
+    except RelationError as err:
+        raise RelationError(f"the batch dims of {a} and {b} do not broadcast: {err}", arg=1) from None
+    dtype = same_dtype([a.dtype, b.dtype], attrs)
+    return TensorType((*batch, m, n), attrs.out_dtype or dtype)
+
+
+def _matmul_ref(attrs: MatmulAttrs | BatchMatmulAttrs, a: Array, b: Array) -> Array:
+    dtype = attrs.out_dtype.numpy() if attrs.out_dtype else a.dtype
+    a = np.swapaxes(a, -1, -2) if attrs.transpose_a else a
+    b = np.swapaxes(b, -1, -2) if attrs.transpose_b else b
+    return np.asarray(np.matmul(a.astype(dtype), b.astype(dtype)))
+
+
+def _batch_index(batch: Sequence[PrimExpr], shape: Sequence[int]) -> tuple[PrimExpr, ...]:
+    """The index into an operand's batch dims `shape` of the output's batch index (numpy broadcasting)."""
+    own = batch[len(batch) - len(shape):]
+    return tuple(te.const(0) if d == 1 else i for i, d in zip(own, shape, strict=True))
+
+
+def _matmul_compute(attrs: MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tensor],
+                    out_type: Type) -> list[te.Tensor]:
+    """nn.matmul and nn.batch_matmul: out[..., m, n] = sum over k of a[..., m, k] * b[..., k, n]."""
+    a, b = inputs
+    a_shape, b_shape = tensor_shape(a), tensor_shape(b)
+    shape = static_shape(out_type)
+    dtype = dtype_of(out_type)
+    k = te.reduce_axis((0, a_shape[-2] if attrs.transpose_a else a_shape[-1]), name="k")
+    nb = len(shape) - 2
+
+    def product(*i: PrimExpr) -> PrimExpr:
+        batch, m, n = i[:nb], i[nb], i[nb + 1]
+        ai = (*_batch_index(batch, a_shape[:-2]), *((k, m) if attrs.transpose_a else (m, k)))
+        bi = (*_batch_index(batch, b_shape[:-2]), *((n, k) if attrs.transpose_b else (k, n)))
+        return te.sum(te.cast(a[ai], dtype) * te.cast(b[bi], dtype), axis=k)
+
+    return [te.compute(shape, product, name="matmul")]
+
+
+register_nn_op("nn.matmul", "matrix product of the last two dims, batch dims broadcast as numpy.matmul",
+               [("tensor_a", "(..., M, K), or (..., K, M) with transpose_a"),
+                ("tensor_b", "(..., K, N), or (..., N, K) with transpose_b")],
+               _matmul_rel, _matmul_ref, OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=MatmulAttrs, level=1)
+register_compute("nn.matmul", _matmul_compute)
+
+
+def matmul(
+    tensor_a: Expr, tensor_b: Expr, transpose_a: bool = False, transpose_b: bool = False, out_dtype: Any = None
+) -> Call:
+    """Matrix product, numpy.matmul style, with optional transposes of the last two dims.
+
+    Args:
+        tensor_a: (..., M, K), or (..., K, M) with transpose_a.
+        tensor_b: (..., K, N), or (..., N, K) with transpose_b.
+        transpose_a: whether tensor_a is given transposed.
+        transpose_b: whether tensor_b is given transposed.
+        out_dtype: the output dtype; None for the input's.
+
+    Returns:
+        The call of nn.matmul.
+    """
+    return call("nn.matmul", [tensor_a, tensor_b], MatmulAttrs.make(
+        "nn.matmul", transpose_a=transpose_a, transpose_b=transpose_b, out_dtype=out_dtype
+    ))
+
+
+def _batch_matmul_rel(arg_types: list[Type], attrs: BatchMatmulAttrs) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    x, y = tensors
+    for i, t in enumerate(tensors):
+        if t.ndim != 3:
+            raise RelationError(f"expected a tensor of rank 3 (batch, rows, cols), found {t}", arg=i)
+    m, n = _mm_dims(x, y, attrs)
+    batch = broadcast_dim(x.shape[0], y.shape[0])
+    if batch is None:
+        raise RelationError(
+            f"the batch dims differ: x {x} has {x.shape[0]}, y {y} has {y.shape[0]} (one may be 1)", arg=1
+        )
+    dtype = same_dtype([x.dtype, y.dtype], attrs)
+    return TensorType((batch, m, n), attrs.out_dtype or dtype)
+
+
+register_nn_op("nn.batch_matmul", "batched matrix product; y is (B, N, K) by default (transpose_b), as TVM",
+               [("x", "(B, M, K), or (B, K, M) with transpose_a"), ("y", "(B, N, K), or (B, K, N) if not transpose_b")],
+               _batch_matmul_rel, _matmul_ref, OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=BatchMatmulAttrs,
+               level=10)
+register_compute("nn.batch_matmul", _matmul_compute)
+
+
+def batch_matmul(x: Expr, y: Expr, transpose_a: bool = False, transpose_b: bool = True, out_dtype: Any = None) -> Call:
+    """Batched matrix product, TVM's convention (y transposed by default).
+
+    Args:
+        x: (B, M, K), or (B, K, M) with transpose_a.
+        y: (B, N, K) with transpose_b (the default), or (B, K, N).
+        transpose_a: whether x is given transposed.
+        transpose_b: whether y is given transposed.
+        out_dtype: the output dtype; None for the input's.
+
+    Returns:
+        The call of nn.batch_matmul: (B, M, N); a batch of 1 broadcasts.
+    """
+    return call("nn.batch_matmul", [x, y], BatchMatmulAttrs.make(
+        "nn.batch_matmul", transpose_a=transpose_a, transpose_b=transpose_b, out_dtype=out_dtype
+    ))

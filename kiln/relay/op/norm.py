@@ -1,0 +1,234 @@
+"""Normalization ops of the `relay.nn` namespace: nn.batch_norm and nn.layer_norm.
+
+Each op is registered in one chain: description, arguments, attrs, relation,
+pattern, numpy reference; its te compute and its Python constructor sit next to
+it. The constructors are re-exported by `kiln.relay.op.nn`, so users write
+`relay.nn.batch_norm(...)` as in TVM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+
+from kiln import te
+from kiln.ir.attrs import Attrs, FieldError, bool_value, int_range
+from kiln.ir.types import Dim, TensorType, Type
+from kiln.registry import OpPattern
+from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op._nn_util import (
+    Array,
+    along,
+    check_vector,
+    data_axis,
+    insert,
+    static_shape,
+    tuple_type,
+    without,
+)
+from kiln.relay.op._reg import register_nn_op
+from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
+from kiln.relay.op._schedule import register_compute
+from kiln.tir.expr import PrimExpr
+
+# --- nn.batch_norm, nn.layer_norm -----------------------------------------------------------------
+
+
+def _positive(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise FieldError(field.name, "a number > 0", value)
+
+
+@attrs.frozen
+class BatchNormAttrs(Attrs):
+    """Attributes of nn.batch_norm."""
+
+    axis: int = attrs.field(default=1, validator=int_range(), metadata={"doc": "the channel axis"})
+    epsilon: float = attrs.field(default=1e-5, validator=_positive, metadata={"doc": "added to the variance"})
+    center: bool = attrs.field(default=True, validator=bool_value, metadata={"doc": "add beta"})
+    scale: bool = attrs.field(default=True, validator=bool_value, metadata={"doc": "multiply by gamma"})
+
+
+@attrs.frozen
+class LayerNormAttrs(Attrs):
+    """Attributes of nn.layer_norm."""
+
+    axis: int = attrs.field(default=-1, validator=int_range(), metadata={"doc": "the axis to normalize over"})
+    epsilon: float = attrs.field(default=1e-5, validator=_positive, metadata={"doc": "added to the variance"})
+    center: bool = attrs.field(default=True, validator=bool_value, metadata={"doc": "add beta"})
+    scale: bool = attrs.field(default=True, validator=bool_value, metadata={"doc": "multiply by gamma"})
+
+
+_BN_PARAMS = ("gamma", "beta", "moving_mean", "moving_var")
+
+
+def _norm_params(tensors: list[TensorType], axis_attr: int, names: tuple[str, ...]) -> tuple[TensorType, Dim]:
+    """Checks the parameter vectors against the data's dim `axis`; returns (data, that dim)."""
+    data = tensors[0]
+    if not data.dtype.is_float:
+        raise RelationError(f"expected a floating-point tensor, found dtype {data.dtype}", arg=0)
+    axis = data_axis(axis_attr, data.ndim)
+    for i, (name, t) in enumerate(zip(names, tensors[1:], strict=True), start=1):
+        check_vector(t, data.shape[axis], i, name, data, axis)
+    same_dtype([t.dtype for t in tensors], None)
+    return data, data.shape[axis]
+
+
+def _batch_norm_rel(arg_types: list[Type], attrs: BatchNormAttrs) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    data, c = _norm_params(tensors, attrs.axis, _BN_PARAMS)
+    vec = TensorType((c,), data.dtype)
+    return tuple_type(data, vec, vec)
+
+
+def _batch_norm_ref(
+    attrs: BatchNormAttrs, x: Array, gamma: Array, beta: Array, mean: Array, var: Array
+) -> tuple[Array, Array, Array]:
+    axis, nd = attrs.axis % x.ndim, x.ndim
+    out = (x - along(mean, axis, nd)) / np.sqrt(along(var, axis, nd) + attrs.epsilon)
+    if attrs.scale:
+        out = out * along(gamma, axis, nd)
+    if attrs.center:
+        out = out + along(beta, axis, nd)
+    return out.astype(x.dtype), mean.copy(), var.copy()
+
+
+register_nn_op("nn.batch_norm", "(x - mean) / sqrt(var + eps) * gamma + beta per channel; returns (out, mean, var)",
+               [("data", "the input"), ("gamma", "scale per channel: (C,)"), ("beta", "shift per channel: (C,)"),
+                ("moving_mean", "running mean per channel: (C,)"),
+                ("moving_var", "running variance per channel: (C,)")],
+               _batch_norm_rel, _batch_norm_ref, OpPattern.OPAQUE, attrs_type=BatchNormAttrs, level=1)
+
+
+def _scale_shift(out: PrimExpr, c: PrimExpr, gamma: te.Tensor, beta: te.Tensor,
+                 attrs: BatchNormAttrs | LayerNormAttrs) -> PrimExpr:
+    """out * gamma[c] + beta[c], each part as the scale and center attrs ask."""
+    if attrs.scale:
+        out = out * gamma[c]
+    if attrs.center:
+        out = out + beta[c]
+    return out
+
+
+def _batch_norm_compute(attrs: BatchNormAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    x, gamma, beta, mean, var = inputs
+    axis = attrs.axis % x.ndim
+    eps = te.const(attrs.epsilon, x.dtype)
+
+    def normalize(*i: PrimExpr) -> PrimExpr:
+        c = i[axis]
+        return _scale_shift((x[i] - mean[c]) / te.sqrt(var[c] + eps), c, gamma, beta, attrs)
+
+    return [
+        te.compute(x.shape, normalize, name="batch_norm"),
+        te.compute(mean.shape, lambda c: mean[c], name="batch_norm_mean"),
+        te.compute(var.shape, lambda c: var[c], name="batch_norm_var"),
+    ]
+
+
+register_compute("nn.batch_norm", _batch_norm_compute)
+
+
+def batch_norm(
+    data: Expr, gamma: Expr, beta: Expr, moving_mean: Expr, moving_var: Expr,
+    axis: int = 1, epsilon: float = 1e-5, center: bool = True, scale: bool = True,
+) -> Call:
+    """Batch normalization with the moving statistics (inference), as TVM.
+
+    Args:
+        data: the input.
+        gamma: scale per channel, (C,).
+        beta: shift per channel, (C,).
+        moving_mean: mean per channel, (C,).
+        moving_var: variance per channel, (C,).
+        axis: the channel axis.
+        epsilon: added to the variance.
+        center: whether to add beta.
+        scale: whether to multiply by gamma.
+
+    Returns:
+        The call of nn.batch_norm, a tuple (normalized, mean, var); take field 0 for the output.
+    """
+    return call("nn.batch_norm", [data, gamma, beta, moving_mean, moving_var], BatchNormAttrs.make(
+        "nn.batch_norm", axis=axis, epsilon=epsilon, center=center, scale=scale
+    ))
+
+
+def _layer_norm_rel(arg_types: list[Type], attrs: LayerNormAttrs) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    data, _ = _norm_params(tensors, attrs.axis, ("gamma", "beta"))
+    return data
+
+
+def _layer_norm_ref(attrs: LayerNormAttrs, x: Array, gamma: Array, beta: Array) -> Array:
+    axis, nd = attrs.axis % x.ndim, x.ndim
+    mean = np.mean(x, axis=axis, keepdims=True)
+    var = np.mean((x - mean) ** 2, axis=axis, keepdims=True)
+    out = (x - mean) / np.sqrt(var + attrs.epsilon)
+    if attrs.scale:
+        out = out * along(gamma, axis, nd)
+    if attrs.center:
+        out = out + along(beta, axis, nd)
+    return np.asarray(out).astype(x.dtype)
+
+
+register_nn_op("nn.layer_norm", "(x - mean) / sqrt(var + epsilon) * gamma + beta, statistics taken along axis",
+               [("data", "the input"), ("gamma", "scale, (data.shape[axis],)"), ("beta", "shift, (data.shape[axis],)")],
+               _layer_norm_rel, _layer_norm_ref, OpPattern.OPAQUE, attrs_type=LayerNormAttrs, level=1)
+
+
+def _layer_norm_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """Two reductions along the axis (the sum, then the sum of squared deviations), then the normalization."""
+    x, gamma, beta = inputs
+    shape = static_shape(out_type)
+    axis = attrs.axis % len(shape)
+    rows = without(shape, axis)
+    n = te.const(shape[axis], x.dtype)
+    eps = te.const(attrs.epsilon, x.dtype)
+    k = te.reduce_axis((0, shape[axis]), name="k")
+    total = te.compute(rows, lambda *j: te.sum(x[insert(j, axis, k)], axis=k), name="layer_norm_sum")
+    k2 = te.reduce_axis((0, shape[axis]), name="k2")
+
+    def squares(*j: PrimExpr) -> PrimExpr:
+        d = x[insert(j, axis, k2)] - total[j] / n
+        return te.sum(d * d, axis=k2)
+
+    sq = te.compute(rows, squares, name="layer_norm_sq")
+
+    def normalize(*i: PrimExpr) -> PrimExpr:
+        j = without(i, axis)
+        out = (x[i] - total[j] / n) / te.sqrt(sq[j] / n + eps)
+        return _scale_shift(out, i[axis], gamma, beta, attrs)
+
+    return [te.compute(shape, normalize, name="layer_norm")]
+
+
+register_compute("nn.layer_norm", _layer_norm_compute)
+
+
+def layer_norm(
+    data: Expr, gamma: Expr, beta: Expr, axis: int = -1, epsilon: float = 1e-5, center: bool = True, scale: bool = True
+) -> Call:
+    """Layer normalization along one axis.
+
+    Args:
+        data: the input.
+        gamma: scale, (data.shape[axis],).
+        beta: shift, (data.shape[axis],).
+        axis: the axis whose statistics normalize the data.
+        epsilon: added to the variance.
+        center: whether to add beta.
+        scale: whether to multiply by gamma.
+
+    Returns:
+        The call of nn.layer_norm.
+    """
+    return call("nn.layer_norm", [data, gamma, beta], LayerNormAttrs.make(
+        "nn.layer_norm", axis=axis, epsilon=epsilon, center=center, scale=scale
+    ))

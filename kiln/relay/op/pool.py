@@ -1,0 +1,403 @@
+"""Pooling ops of the `relay.nn` namespace: nn.max_pool2d, nn.avg_pool2d and the global pools.
+
+Each op is registered in one chain: description, arguments, attrs, relation,
+pattern, numpy reference; its te compute and its Python constructor sit next
+to it. The constructors are re-exported by `kiln.relay.op.nn`, so users write
+`relay.nn.max_pool2d(...)`.
+
+Output sizes follow `kiln.relay.op.conv.window_out_size`: with ``ceil_mode``
+the division rounds up and, as in PyTorch, a last window that would start in
+the trailing padding is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+import numpy as np
+
+from kiln import te
+from kiln.ir.attrs import Attrs, bool_value, one_of
+from kiln.ir.types import Dim, TensorType, Type
+from kiln.registry import OpPattern
+from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op._nn_util import static_shape, tensor_shape
+from kiln.relay.op._reg import register_nn_op
+from kiln.relay.op._rel import tensor_args
+from kiln.relay.op._schedule import register_compute
+from kiln.relay.op.conv import (
+    DATA_AXES,
+    from_nchw,
+    nchw_shape,
+    overhangs,
+    padding_field,
+    pair_field,
+    pick,
+    rank4,
+    read_window,
+    taps,
+    to_nchw,
+    window_out_size,
+)
+from kiln.tir import expr as tx
+from kiln.tir.expr import PrimExpr
+
+Array = np.ndarray[Any, Any]
+
+
+# --- nn.max_pool2d, nn.avg_pool2d -----------------------------------------------------------------
+
+
+@attrs.frozen
+class Pool2DAttrs(Attrs):
+    """The window of a 2-D pool (the fields that nn.max_pool2d and nn.avg_pool2d share)."""
+
+    pool_size: tuple[int, int] = pair_field((1, 1), 1, "window (h, w)")
+    strides: tuple[int, int] = pair_field((1, 1), 1, "step of the window (h, w)")
+    padding: tuple[int, int, int, int] = padding_field()
+    dilation: tuple[int, int] = pair_field((1, 1), 1, "spacing of the window taps (h, w)")
+    layout: str = attrs.field(default="NCHW", validator=one_of("NCHW", "NHWC"), metadata={"doc": "data layout"})
+    ceil_mode: bool = attrs.field(default=False, validator=bool_value, metadata={"doc": "round the output size up"})
+
+
+@attrs.frozen
+class MaxPool2DAttrs(Pool2DAttrs):
+    """Attributes of nn.max_pool2d."""
+
+
+@attrs.frozen
+class AvgPool2DAttrs(Pool2DAttrs):
+    """Attributes of nn.avg_pool2d."""
+
+    count_include_pad: bool = attrs.field(
+        default=False, validator=bool_value, metadata={"doc": "divide by the window size including padding"}
+    )
+
+
+def _pool_out_hw(h: Dim, w: Dim, attrs: Pool2DAttrs) -> tuple[Dim, Dim]:
+    pt, pl, pb, pr = attrs.padding
+    oh = window_out_size(h, attrs.pool_size[0], attrs.strides[0], (pt, pb), attrs.dilation[0], "height",
+                         attrs.ceil_mode)
+    ow = window_out_size(w, attrs.pool_size[1], attrs.strides[1], (pl, pr), attrs.dilation[1], "width",
+                         attrs.ceil_mode)
+    return oh, ow
+
+
+def _pool2d_rel(arg_types: list[Type], attrs: Pool2DAttrs) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    (data,) = tensors
+    rank4(data, 0, "data", attrs.layout)
+    n, c, h, w = pick(data.shape, DATA_AXES[attrs.layout])
+    oh, ow = _pool_out_hw(h, w, attrs)
+    return TensorType(nchw_shape(n, c, oh, ow, attrs.layout), data.dtype)
+
+
+def _pool_windows(
+    x: Array, attrs: Pool2DAttrs, pad_fill: Any, overhang_fill: Any
+) -> tuple[Iterator[tuple[int, int, Array]], tuple[int, int]]:
+    """The taps over the padded NCHW input, and the output (OH, OW).
+
+    The explicit padding holds pad_fill; the overhang that ceil_mode adds past it holds overhang_fill.
+    """
+    _, _, h, w = x.shape
+    oh, ow = _pool_out_hw(h, w, attrs)
+    assert isinstance(oh, int) and isinstance(ow, int)  # a static input has a static output
+    pt, pl, pb, pr = attrs.padding
+    (sh, sw), (dh, dw), (kh, kw) = attrs.strides, attrs.dilation, attrs.pool_size
+    over_h = max(0, (oh - 1) * sh + dh * (kh - 1) + 1 - (h + pt + pb))
+    over_w = max(0, (ow - 1) * sw + dw * (kw - 1) + 1 - (w + pl + pr))
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=pad_fill)
+    xp = np.pad(xp, ((0, 0), (0, 0), (0, over_h), (0, over_w)), constant_values=overhang_fill)
+    return taps(xp, (kh, kw), (sh, sw), (dh, dw), (oh, ow)), (oh, ow)
+
+
+def _max_pool2d_ref(attrs: MaxPool2DAttrs, data: Array) -> Array:
+    x = to_nchw(data, attrs.layout)
+    lowest = -np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).min
+    taps, _ = _pool_windows(x, attrs, lowest, lowest)
+    out: Array | None = None
+    for _, _, window in taps:
+        out = window.copy() if out is None else np.maximum(out, window)
+    assert out is not None  # pool_size >= 1, so there is a tap
+    return from_nchw(out.astype(data.dtype), attrs.layout)
+
+
+def _avg_pool2d_ref(attrs: AvgPool2DAttrs, data: Array) -> Array:
+    x = to_nchw(data, attrs.layout)
+    floating = np.issubdtype(x.dtype, np.floating)
+    taps, _ = _pool_windows(x.astype(np.float64 if floating else np.int64), attrs, 0, 0)
+    total = sum(window for _, _, window in taps)
+    # The divisor counts the taps in the input or, with count_include_pad, in the explicitly
+    # padded input; never the ceil_mode overhang (as PyTorch).
+    ones = np.ones((1, 1, *x.shape[2:]))
+    count_taps, _ = _pool_windows(ones, attrs, 1 if attrs.count_include_pad else 0, 0)
+    count = sum(window for _, _, window in count_taps)
+    out = np.asarray(total) / np.maximum(count, 1)
+    if not floating:
+        out = np.trunc(out)
+    return from_nchw(out.astype(data.dtype), attrs.layout)
+
+
+def _lowest(dtype: str) -> PrimExpr:
+    """The identity of max in `dtype`: what padded taps read, so that they never win."""
+    if np.issubdtype(np.dtype(dtype), np.floating):
+        return te.const(float("-inf"), dtype)
+    return te.const(int(np.iinfo(np.dtype(dtype)).min), dtype)
+
+
+def _accumulator(dtype: str) -> str:
+    """The dtype a mean sums in: float32 for narrower floats, int64 for integers (then truncated, as the reference)."""
+    if np.issubdtype(np.dtype(dtype), np.floating):
+        return "float32" if np.dtype(dtype).itemsize < 4 else dtype
+    return "int64"
+
+
+class _Window:
+    """A pool's window over the NCHW coordinates of an output element: its taps, read with padding guarded."""
+
+    def __init__(self, attrs: Pool2DAttrs, data: te.Tensor, out_type: Type) -> None:
+        self.attrs, self.data = attrs, data
+        self.shape = static_shape(out_type)
+        _, _, self.h, self.w = pick(tensor_shape(data), DATA_AXES[attrs.layout])
+        _, _, oh, ow = pick(self.shape, DATA_AXES[attrs.layout])
+        (kh, kw), (sh, sw), (dh, dw) = attrs.pool_size, attrs.strides, attrs.dilation
+        pt, pl, _, _ = attrs.padding
+        self.guard = (overhangs(oh, self.h, sh, dh, kh, pt), overhangs(ow, self.w, sw, dw, kw, pl))
+        self.ry, self.rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+
+    def row(self, y: PrimExpr, ry: PrimExpr) -> PrimExpr:
+        """The input row of tap ry of output row y (may lie in the padding)."""
+        return y * self.attrs.strides[0] + ry * self.attrs.dilation[0] - self.attrs.padding[0]
+
+    def col(self, x: PrimExpr, rx: PrimExpr) -> PrimExpr:
+        """The input column of tap rx of output column x (may lie in the padding)."""
+        return x * self.attrs.strides[1] + rx * self.attrs.dilation[1] - self.attrs.padding[1]
+
+    def read(self, n: PrimExpr, c: PrimExpr, y: PrimExpr, x: PrimExpr, fill: PrimExpr) -> PrimExpr:
+        """The tap (ry, rx) of output element (n, c, y, x); `fill` off the input."""
+        return read_window(self.data, self.attrs.layout, n, c, self.row(y, self.ry), self.col(x, self.rx),
+                           (self.h, self.w), self.guard, fill)
+
+    def compute(self, body: Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr], name: str) -> te.Tensor:
+        """The output tensor of `body(n, c, y, x)`, in the attrs' layout."""
+        if self.attrs.layout == "NCHW":
+            return te.compute(self.shape, body, name=name)
+        return te.compute(self.shape, lambda n, y, x, c: body(n, c, y, x), name=name)
+
+
+def _max_pool2d_compute(attrs: MaxPool2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    (data,) = inputs
+    win = _Window(attrs, data, out_type)
+    lowest = _lowest(data.dtype)
+    return [win.compute(lambda n, c, y, x: te.max(win.read(n, c, y, x, lowest), axis=[win.ry, win.rx]),
+                        "max_pool2d")]
+
+
+def _avg_pool2d_compute(attrs: AvgPool2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """The sum of the taps in the input, divided by the count of the taps that the divisor rule counts.
+
+    The count factors into (taps of the row window) * (taps of the column window), each its own small
+    reduction: the taps in the input or, with count_include_pad, in the explicitly padded input.
+    """
+    (data,) = inputs
+    win = _Window(attrs, data, out_type)
+    acc = _accumulator(data.dtype)
+    zero = te.const(0, data.dtype)
+    total = win.compute(
+        lambda n, c, y, x: te.sum(te.cast(win.read(n, c, y, x, zero), acc), axis=[win.ry, win.rx]), "avg_pool2d_sum"
+    )
+    pt, pl, pb, pr = attrs.padding if attrs.count_include_pad else (0, 0, 0, 0)
+    _, _, oh, ow = pick(win.shape, DATA_AXES[attrs.layout])
+
+    def count(size: int, before: int, after: int, position: Callable[[PrimExpr, PrimExpr], PrimExpr],
+              r: te.IterVar) -> Callable[[PrimExpr], PrimExpr]:
+        def body(i: PrimExpr) -> PrimExpr:
+            p = position(i, r)
+            inside = tx.all_of(p >= -before, p < size + after)
+            return te.sum(te.if_then_else(inside, te.const(1, acc), te.const(0, acc)), axis=r)
+
+        return body
+
+    ky, kx = te.reduce_axis((0, attrs.pool_size[0]), "ky"), te.reduce_axis((0, attrs.pool_size[1]), "kx")
+    rows = te.compute((oh,), count(win.h, pt, pb, win.row, ky), name="avg_pool2d_rows")
+    cols = te.compute((ow,), count(win.w, pl, pr, win.col, kx), name="avg_pool2d_cols")
+
+    def mean(n: PrimExpr, c: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
+        divisor = tx.max_(rows[y] * cols[x], te.const(1, acc))
+        return te.cast(total[nchw_shape(n, c, y, x, attrs.layout)] / divisor, data.dtype)
+
+    return [win.compute(mean, "avg_pool2d")]
+
+
+def _register_pool(name: str, description: str, attrs_type: type, reference: Callable[..., Array],
+                   compute: Callable[..., list[te.Tensor]]) -> None:
+    register_nn_op(name, description,
+                   [("data", "the input, NCHW or NHWC")],
+                   _pool2d_rel, reference, OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=attrs_type, level=2)
+    register_compute(name, compute)
+
+
+_register_pool("nn.max_pool2d", "the maximum over each 2-D window", MaxPool2DAttrs, _max_pool2d_ref,
+               _max_pool2d_compute)
+_register_pool("nn.avg_pool2d", "the mean over each 2-D window", AvgPool2DAttrs, _avg_pool2d_ref,
+               _avg_pool2d_compute)
+
+
+def max_pool2d(
+    data: Expr,
+    pool_size: Any = (1, 1),
+    strides: Any = (1, 1),
+    dilation: Any = (1, 1),
+    padding: Any = (0, 0),
+    layout: str = "NCHW",
+    ceil_mode: bool = False,
+) -> Call:
+    """2-D max pooling.
+
+    Args:
+        data: the input, (N, C, H, W) or (N, H, W, C).
+        pool_size: the window, an int or (h, w).
+        strides: step of the window, an int or (h, w).
+        dilation: spacing of the window taps, an int or (h, w).
+        padding: an int, (h, w) or (top, left, bottom, right); padded taps never win.
+        layout: "NCHW" or "NHWC".
+        ceil_mode: round the output size up.
+
+    Returns:
+        The call of nn.max_pool2d.
+    """
+    return call("nn.max_pool2d", [data], MaxPool2DAttrs.make(
+        "nn.max_pool2d", pool_size=pool_size, strides=strides, dilation=dilation, padding=padding,
+        layout=layout, ceil_mode=ceil_mode,
+    ))
+
+
+def avg_pool2d(
+    data: Expr,
+    pool_size: Any = (1, 1),
+    strides: Any = (1, 1),
+    dilation: Any = (1, 1),
+    padding: Any = (0, 0),
+    layout: str = "NCHW",
+    ceil_mode: bool = False,
+    count_include_pad: bool = False,
+) -> Call:
+    """2-D average pooling.
+
+    Args:
+        data: the input, (N, C, H, W) or (N, H, W, C).
+        pool_size: the window, an int or (h, w).
+        strides: step of the window, an int or (h, w).
+        dilation: spacing of the window taps, an int or (h, w).
+        padding: an int, (h, w) or (top, left, bottom, right).
+        layout: "NCHW" or "NHWC".
+        ceil_mode: round the output size up.
+        count_include_pad: divide by the taps in the padded input, not only those in the input.
+
+    Returns:
+        The call of nn.avg_pool2d.
+    """
+    return call("nn.avg_pool2d", [data], AvgPool2DAttrs.make(
+        "nn.avg_pool2d", pool_size=pool_size, strides=strides, dilation=dilation, padding=padding,
+        layout=layout, ceil_mode=ceil_mode, count_include_pad=count_include_pad,
+    ))
+
+
+# --- nn.global_avg_pool2d, nn.global_max_pool2d ---------------------------------------------------
+
+
+@attrs.frozen
+class GlobalPool2DAttrs(Attrs):
+    """Attributes of the global pools."""
+
+    layout: str = attrs.field(default="NCHW", validator=one_of("NCHW", "NHWC"), metadata={"doc": "data layout"})
+
+
+def _global_pool2d_rel(arg_types: list[Type], attrs: GlobalPool2DAttrs) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    (data,) = tensors
+    rank4(data, 0, "data", attrs.layout)
+    n, c, _, _ = pick(data.shape, DATA_AXES[attrs.layout])
+    return TensorType(nchw_shape(n, c, 1, 1, attrs.layout), data.dtype)
+
+
+def _global_ref(reduce: Callable[..., Any]) -> Callable[[GlobalPool2DAttrs, Array], Array]:
+    def reference(attrs: GlobalPool2DAttrs, data: Array) -> Array:
+        axes = (2, 3) if attrs.layout == "NCHW" else (1, 2)
+        return np.asarray(reduce(data, axis=axes, keepdims=True)).astype(data.dtype)
+
+    return reference
+
+
+def _global_compute(mean: bool) -> Callable[[GlobalPool2DAttrs, list[te.Tensor], Type], list[te.Tensor]]:
+    def compute(attrs: GlobalPool2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+        (data,) = inputs
+        _, _, h, w = pick(tensor_shape(data), DATA_AXES[attrs.layout])
+        ry, rx = te.reduce_axis((0, h), "ry"), te.reduce_axis((0, w), "rx")
+        acc = _accumulator(data.dtype) if mean else data.dtype
+
+        def tap(n: PrimExpr, c: PrimExpr) -> PrimExpr:
+            return te.cast(data[nchw_shape(n, c, ry, rx, attrs.layout)], acc)
+
+        def pool(n: PrimExpr, c: PrimExpr) -> PrimExpr:
+            return te.sum(tap(n, c), axis=[ry, rx]) if mean else te.max(tap(n, c), axis=[ry, rx])
+
+        name = "global_avg_pool2d" if mean else "global_max_pool2d"
+        if attrs.layout == "NCHW":
+            out = te.compute((*static_shape(out_type)[:2],), pool, name=f"{name}_reduce")
+        else:
+            out = te.compute((*static_shape(out_type)[:1], static_shape(out_type)[3]), pool, name=f"{name}_reduce")
+        div = te.const(h * w, acc)
+
+        def finish(n: PrimExpr, c: PrimExpr) -> PrimExpr:
+            return te.cast(out[n, c] / div, data.dtype) if mean else out[n, c]
+
+        if attrs.layout == "NCHW":
+            return [te.compute(static_shape(out_type), lambda n, c, y, x: finish(n, c), name=name)]
+        return [te.compute(static_shape(out_type), lambda n, y, x, c: finish(n, c), name=name)]
+
+    return compute
+
+
+_GLOBAL_POOLS: list[tuple[str, str, Callable[..., Any], bool]] = [
+    ("nn.global_avg_pool2d", "the mean over all of H and W", np.mean, True),
+    ("nn.global_max_pool2d", "the maximum over all of H and W", np.max, False),
+]
+for _name, _doc, _reduce, _mean in _GLOBAL_POOLS:
+    register_nn_op(_name, _doc,
+                   [("data", "the input, NCHW or NHWC")],
+                   _global_pool2d_rel, _global_ref(_reduce),
+                   OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=GlobalPool2DAttrs, level=2)
+    register_compute(_name, _global_compute(_mean))
+
+
+def global_avg_pool2d(data: Expr, layout: str = "NCHW") -> Call:
+    """The mean over each channel's whole H x W plane.
+
+    Args:
+        data: the input, (N, C, H, W) or (N, H, W, C).
+        layout: "NCHW" or "NHWC".
+
+    Returns:
+        The call of nn.global_avg_pool2d: (N, C, 1, 1) or (N, 1, 1, C).
+    """
+    return call("nn.global_avg_pool2d", [data], GlobalPool2DAttrs.make("nn.global_avg_pool2d", layout=layout))
+
+
+def global_max_pool2d(data: Expr, layout: str = "NCHW") -> Call:
+    """The maximum over each channel's whole H x W plane.
+
+    Args:
+        data: the input, (N, C, H, W) or (N, H, W, C).
+        layout: "NCHW" or "NHWC".
+
+    Returns:
+        The call of nn.global_max_pool2d: (N, C, 1, 1) or (N, 1, 1, C).
+    """
+    return call("nn.global_max_pool2d", [data], GlobalPool2DAttrs.make("nn.global_max_pool2d", layout=layout))

@@ -1,0 +1,127 @@
+"""FoldConstant: evaluates, at compile time, every op call whose arguments are all constants.
+
+Each such call is run with the reference interpreter's `run_op` (the op's
+`FReference`) and replaced by a Constant (a Tuple of Constants for a tuple
+result). Also:
+
+- a field of a literal Tuple (`(a, b).0`) becomes the field itself (when
+  the function runs no stateful op);
+- a Let that binds a constant is inlined, so its uses fold too.
+
+Calls of ops marked `TOpIsStateful`, ops without a reference and calls inside
+primitive (fused) functions are kept. The folded value takes the dtype and
+shape the call was typed with; a reference that disagrees leaves the call as
+it is. Opt level 2, as TVM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kiln.ir.module import IRModule
+from kiln.ir.transform import ModulePass, PassContext, PassInfo
+from kiln.ir.types import TensorType, TupleType, Type
+from kiln.registry import Op, attr
+from kiln.relay.backend.interpreter import run_op
+from kiln.relay.expr import Call, Constant, Expr, Function, Let, Tuple, TupleGetItem
+from kiln.relay.transform._common import impure_nodes, inside_primitive, is_stateful, rewrite_module
+from kiln.relay.visitor import ExprMutator, post_order
+
+
+def _is_constant(e: Expr) -> bool:
+    return isinstance(e, Constant) or (isinstance(e, Tuple) and all(isinstance(f, Constant) for f in e.fields))
+
+
+def _value_of(e: Expr) -> Any:
+    if isinstance(e, Constant):
+        return e.data
+    assert isinstance(e, Tuple)
+    return tuple(f.data for f in e.fields if isinstance(f, Constant))
+
+
+def _as_expr(value: Any, t: Type, span: Any) -> Expr | None:
+    """`value` (a reference's result) as a Constant or Tuple of Constants of type `t`, or None if it is not one."""
+    if isinstance(t, TensorType):
+        if not isinstance(value, np.ndarray):
+            return None
+        if t.is_static and tuple(value.shape) != t.concrete_shape:
+            return None
+        return Constant(value.astype(t.dtype.numpy(), copy=False), span=span)
+    if isinstance(t, TupleType):
+        if not isinstance(value, tuple) or len(value) != len(t.fields):
+            return None
+        fields = [_as_expr(v, f, span) for v, f in zip(value, t.fields, strict=True)]
+        if any(f is None or not isinstance(f, Constant) for f in fields):
+            return None
+        return Tuple(tuple(f for f in fields if f is not None), span=span)
+    return None
+
+
+class _Folder(ExprMutator):
+    def __init__(self, root: Expr) -> None:
+        super().__init__()
+        self.skip = inside_primitive(root)
+        self.pure = not impure_nodes(root)  # dropping a tuple's other fields is safe
+
+    def visit(self, root: Expr) -> Expr:
+        """As ExprMutator.visit, but a Let whose value folds to a constant is inlined into its body.
+
+        post_order lists a Let's var, then its value's sub-graph, then its
+        body's, so once the value is rewritten the var's entry is replaced by
+        the constant before any use of the var is rewritten.
+        """
+        memo = self.memo
+        nodes = post_order(root)
+        lets_of_value: dict[int, list[Let]] = {}
+        for node in nodes:
+            if isinstance(node, Let) and id(node) not in self.skip:
+                lets_of_value.setdefault(id(node.value), []).append(node)
+        inlined: set[int] = set()
+        for node in nodes:
+            if id(node) in memo:
+                continue
+            if isinstance(node, Let) and id(node.var) in inlined:
+                memo[id(node)] = memo[id(node.body)]
+            else:
+                memo[id(node)] = self._rewrite(node)
+            for let in lets_of_value.get(id(node), ()):
+                if isinstance(memo[id(node)], Constant):
+                    memo[id(let.var)] = memo[id(node)]
+                    inlined.add(id(let.var))
+        return memo[id(root)]
+
+    def rewrite_call(self, node: Call, op: Op | Expr, args: tuple[Expr, ...]) -> Expr:
+        new = super().rewrite_call(node, op, args)
+        if (
+            id(node) in self.skip
+            or not isinstance(op, Op)
+            or not all(_is_constant(a) for a in args)
+            or is_stateful(op)
+            or op.get_attr(attr.FReference) is None
+            or not node.has_type
+        ):
+            return new
+        value = run_op(op, node.attrs, [_value_of(a) for a in args], node)
+        folded = _as_expr(value, node.checked_type, node.span)
+        return folded if folded is not None else new
+
+    def rewrite_tuple_getitem(self, node: TupleGetItem, value: Expr) -> Expr:
+        if isinstance(value, Tuple) and self.pure and id(node) not in self.skip:
+            return value.fields[node.index]
+        return super().rewrite_tuple_getitem(node, value)
+
+
+def _fold(func: Function, mod: IRModule) -> Expr:
+    return _Folder(func).visit(func)
+
+
+def fold_constant(mod: IRModule, ctx: PassContext | None = None) -> IRModule:
+    """`mod` with every constant sub-expression evaluated (typed again)."""
+    return rewrite_module(mod, _fold, ctx)
+
+
+def FoldConstant() -> ModulePass:
+    """The pass that evaluates calls whose arguments are all constants (opt level 2)."""
+    return ModulePass(fold_constant, PassInfo("FoldConstant", 2))

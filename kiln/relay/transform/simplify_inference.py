@@ -1,0 +1,111 @@
+"""SimplifyInference: rewrites the ops that only matter in training into plain arithmetic.
+
+- `nn.batch_norm(x, gamma, beta, mean, var)` becomes `x * scale + shift` with
+  `scale = gamma / sqrt(var + eps)` (or `1 / sqrt(var + eps)` without `scale`)
+  and `shift = beta - mean * scale` (or `-mean * scale` without `center`), both
+  expanded to broadcast along the channel axis. This is `(x - mean) * scale +
+  beta` rearranged as TVM does, so that FoldConstant turns scale and shift into
+  two constants and FoldScaleAxis can move the scale into a convolution.
+- `nn.dropout(x)` becomes the identity (its tuple output becomes `(x, ones_like(x))`).
+- `nn.layer_norm(x, gamma, beta)` becomes mean / variance ops along its axis.
+
+Opt level 0, as TVM: relay.build always runs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.ir.module import IRModule
+from kiln.ir.transform import ModulePass, PassContext, PassInfo
+from kiln.ir.types import TensorType
+from kiln.registry import Op
+from kiln.relay.expr import Call, Expr, Function, Tuple, TupleGetItem, const
+from kiln.relay.op import reduce as _reduce
+from kiln.relay.op import tensor as _tensor
+from kiln.relay.op import transform as _shape
+from kiln.relay.transform._common import rewrite_module, tensor_type_of
+from kiln.relay.visitor import ExprMutator
+
+
+def _along(vec: Expr, axis: int, ndim: int) -> Expr:
+    """A (C,) vector reshaped to broadcast along dim `axis` of a rank-`ndim` tensor."""
+    trailing = ndim - 1 - axis
+    return _shape.expand_dims(vec, axis=1, num_newaxis=trailing) if trailing > 0 else vec
+
+
+def _eps(value: float, data: TensorType) -> Expr:
+    return const(value, dtype=data.dtype)
+
+
+def _batch_norm(call: Call, data_type: TensorType, args: tuple[Expr, ...]) -> Expr:
+    x, gamma, beta, mean, var = args
+    a: Any = call.attrs
+    ndim = data_type.ndim
+    axis = a.axis % ndim
+    inv_std = _tensor.rsqrt(_tensor.add(var, _eps(a.epsilon, data_type)))
+    scale = _tensor.multiply(gamma, inv_std) if a.scale else inv_std
+    shift: Expr = _tensor.negative(_tensor.multiply(mean, scale))
+    if a.center:
+        shift = _tensor.add(shift, beta)
+    out = _tensor.add(_tensor.multiply(x, _along(scale, axis, ndim)), _along(shift, axis, ndim))
+    return Tuple((out, mean, var), span=call.span)
+
+
+def _layer_norm(call: Call, data_type: TensorType, args: tuple[Expr, ...]) -> Expr:
+    x, gamma, beta = args
+    a: Any = call.attrs
+    ndim = data_type.ndim
+    axis = a.axis % ndim
+    mean = _reduce.mean(x, axis=axis, keepdims=True)
+    centered = _tensor.subtract(x, mean)
+    var = _reduce.mean(_tensor.multiply(centered, centered), axis=axis, keepdims=True)
+    out: Expr = _tensor.multiply(centered, _tensor.rsqrt(_tensor.add(var, _eps(a.epsilon, data_type))))
+    if a.scale:
+        out = _tensor.multiply(out, _along(gamma, axis, ndim))
+    if a.center:
+        out = _tensor.add(out, _along(beta, axis, ndim))
+    return out
+
+
+class _Simplifier(ExprMutator):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_norm = Op.get("nn.batch_norm")
+        self.dropout = Op.get("nn.dropout")
+        self.layer_norm = Op.get("nn.layer_norm")
+        self.created: set[int] = set()  # the Tuples this pass made, which TupleGetItem may look into
+
+    def rewrite_call(self, node: Call, op: Op | Expr, args: tuple[Expr, ...]) -> Expr:
+        if op is self.dropout:
+            out: Expr = Tuple((args[0], _shape.ones_like(args[0])), span=node.span)
+            self.created.add(id(out))
+            return out
+        if op is self.batch_norm or op is self.layer_norm:
+            data_type = tensor_type_of(node.args[0])
+            if data_type is not None:
+                rewrite = _batch_norm if op is self.batch_norm else _layer_norm
+                out = rewrite(node, data_type, args)
+                if isinstance(out, Tuple):
+                    self.created.add(id(out))
+                return out
+        return super().rewrite_call(node, op, args)
+
+    def rewrite_tuple_getitem(self, node: TupleGetItem, value: Expr) -> Expr:
+        if isinstance(value, Tuple) and id(value) in self.created:
+            return value.fields[node.index]
+        return super().rewrite_tuple_getitem(node, value)
+
+
+def _simplify(func: Function, mod: IRModule) -> Expr:
+    return _Simplifier().visit(func)
+
+
+def simplify_inference(mod: IRModule, ctx: PassContext | None = None) -> IRModule:
+    """`mod` with batch_norm, dropout and layer_norm rewritten into arithmetic (typed again)."""
+    return rewrite_module(mod, _simplify, ctx)
+
+
+def SimplifyInference() -> ModulePass:
+    """The pass that rewrites nn.batch_norm, nn.dropout and nn.layer_norm for inference (opt level 0)."""
+    return ModulePass(simplify_inference, PassInfo("SimplifyInference", 0))

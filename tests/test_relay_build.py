@@ -1,0 +1,150 @@
+"""relay.build, the graph executor, memory planning, and the exported library format."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from kiln import relay, runtime
+from kiln.ir.transform import PassContext
+from kiln.registry import NoImplementationError, implementations, register_implementation
+from kiln.relay.backend.build_module import BuildError, build
+
+RNG = np.random.default_rng(0)
+
+
+def mlp(batch: int = 4) -> tuple[relay.Function, dict[str, np.ndarray]]:
+    x = relay.var("x", shape=(batch, 32))
+    w1, b1 = relay.var("w1", shape=(16, 32)), relay.var("b1", shape=(16,))
+    w2, b2 = relay.var("w2", shape=(8, 16)), relay.var("b2", shape=(8,))
+    h = relay.nn.relu(relay.nn.bias_add(relay.nn.dense(x, w1), b1))
+    out = relay.nn.bias_add(relay.nn.dense(h, w2), b2)
+    params = {n: RNG.standard_normal(s).astype("float32") * 0.3
+              for n, s in [("w1", (16, 32)), ("b1", (16,)), ("w2", (8, 16)), ("b2", (8,))]}
+    return relay.Function([x, w1, b1, w2, b2], out), params
+
+
+def mlp_numpy(x: np.ndarray, p: dict[str, np.ndarray]) -> np.ndarray:
+    h = np.maximum(x @ p["w1"].T + p["b1"], 0)
+    return h @ p["w2"].T + p["b2"]
+
+
+def test_mlp_builds_and_matches_numpy() -> None:
+    func, params = mlp()
+    lib = build(func, params=params)
+    ex = lib.create_executor()
+    x = RNG.standard_normal((4, 32)).astype("float32")
+    np.testing.assert_allclose(ex(x=x), mlp_numpy(x, params), rtol=1e-4, atol=1e-5)
+    ex.set_input("x", x)
+    ex.run()
+    np.testing.assert_allclose(ex.get_output(0), mlp_numpy(x, params), rtol=1e-4, atol=1e-5)
+    assert ex.input_names == ["x"] and ex.num_outputs == 1
+
+
+def test_outputs_of_a_run_are_not_overwritten_by_the_next() -> None:
+    func, params = mlp()
+    ex = build(func, params=params).create_executor()
+    x1, x2 = (RNG.standard_normal((4, 32)).astype("float32") for _ in range(2))
+    y1 = ex(x=x1)
+    keep = y1.copy()
+    ex(x=x2)
+    np.testing.assert_array_equal(y1, keep)
+
+
+def test_memory_plan_reuses_buffers_of_dead_intermediates() -> None:
+    x = relay.var("x", shape=(256, 256))
+    y = x
+    for _ in range(6):
+        y = relay.nn.relu(relay.add(y, x))
+    with PassContext(disabled_pass=["FuseOps"]):
+        lib = build(relay.Function([x], y))
+    temps = [s for s in lib.graph.slots if s.kind == "temp"]
+    assert len(temps) == 11  # 12 launches, the last writes the output
+    assert len(lib.graph.storage_sizes) == 2  # a chain needs two buffers, used in turn
+    assert lib.planned_bytes == 2 * 256 * 256 * 4
+    a = RNG.standard_normal((256, 256)).astype("float32")
+    want = a
+    for _ in range(6):
+        want = np.maximum(want + a, 0)
+    np.testing.assert_allclose(lib.create_executor()(a), want, rtol=1e-5)
+
+
+def test_input_errors_name_the_input_and_what_was_expected() -> None:
+    func, params = mlp()
+    ex = build(func, params=params).create_executor()
+    with pytest.raises(runtime.ExecutorError, match=r"model has no input 'y'; its inputs are \['x'\]"):
+        ex.set_input("y", np.zeros((4, 32), np.float32))
+    with pytest.raises(runtime.ExecutorError, match=r"input 'x': expected shape \(4, 32\), got \(4, 31\)"):
+        ex(x=np.zeros((4, 31), np.float32))
+    with pytest.raises(runtime.ExecutorError, match="input 'x': expected dtype float32, got float64"):
+        ex(x=np.zeros((4, 32)))
+    with pytest.raises(runtime.ExecutorError, match=r"inputs not set: \['x'\]"):
+        ex.run()
+    with pytest.raises(BuildError, match=r"params \['nope'\] are not parameters of main"):
+        build(func, params={"nope": np.zeros(1)})
+
+
+def test_exported_library_runs_in_a_new_process_without_compiling(tmp_path) -> None:
+    func, params = mlp()
+    lib = build(func, params=params)
+    path = tmp_path / "mlp.kiln"
+    lib.export(path)
+    x = RNG.standard_normal((4, 32)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    code = textwrap.dedent(f"""
+        import numpy as np
+        import kiln.build
+        def no_compiling(*a, **k):
+            raise AssertionError("compiled in the loading process")
+        kiln.build.compile_object = no_compiling
+        from kiln import runtime
+        lib = runtime.load({str(path)!r})
+        np.save({str(tmp_path / "y.npy")!r}, lib.create_executor()(np.load({str(tmp_path / "x.npy")!r})))
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), mlp_numpy(x, params), rtol=1e-4, atol=1e-5)
+
+
+def test_corrupt_or_truncated_library_files_are_refused(tmp_path) -> None:
+    func, params = mlp()
+    path = tmp_path / "lib.kiln"
+    build(func, params=params).export(path)
+    data = bytearray(path.read_bytes())
+    (tmp_path / "short").write_bytes(bytes(data[:-10]))
+    with pytest.raises(runtime.LibraryFormatError, match="truncated"):
+        runtime.load(tmp_path / "short")
+    data[-5] ^= 0xFF
+    (tmp_path / "flipped").write_bytes(bytes(data))
+    with pytest.raises(runtime.LibraryFormatError, match="checksum mismatch"):
+        runtime.load(tmp_path / "flipped")
+    (tmp_path / "other").write_bytes(b"not a library at all, but long enough to have a header..........")
+    with pytest.raises(runtime.LibraryFormatError, match="not a kiln library"):
+        runtime.load(tmp_path / "other")
+
+
+def test_a_label_forces_an_implementation_and_a_missing_one_is_named() -> None:
+    generic = next(i for i in implementations("nn.relu") if i.name == "generic")
+    calls: list[str] = []
+
+    def counting_compute(attrs, inputs, out_type):
+        calls.append("labelled")
+        return generic.compute(attrs, inputs, out_type)
+
+    register_implementation("nn.relu", counting_compute, generic.schedule, name="counting", label="counting",
+                            priority=-5)
+    x = relay.var("x", shape=(8,))
+    func = relay.Function([x], relay.nn.relu(x))
+    build(func)
+    assert calls == []  # lower priority than the generic one: not chosen
+    with PassContext(config={"relay.backend.use_label": {"nn.relu": "counting"}}):
+        lib = build(func)
+    assert calls == ["labelled"]
+    np.testing.assert_array_equal(lib.create_executor()(np.array([-1, 2] * 4, np.float32)), [0, 2] * 4)
+    with PassContext(config={"relay.backend.use_label": {"nn.relu": "nope"}}), pytest.raises(
+        NoImplementationError, match=r"op 'nn.relu' has no implementation for target 'llvm', input dtypes "
+                                     r"\['float32'\], label 'nope'; registered: generic \(target \*"):
+        build(func)
