@@ -68,6 +68,27 @@ def _conj(conds: Sequence[PrimExpr]) -> PrimExpr:
     return out
 
 
+def _hull(a: tuple[Lin, Lin] | None, b: tuple[Lin, Lin] | None) -> tuple[Lin, Lin] | None:
+    if a is None or b is None:
+        return a or b
+    return lin_min(a[0], b[0]), lin_max(a[1], b[1])
+
+
+def _bounding_box(
+    reads: Sequence[BufferLoad], ndim: int, vmap: dict[Var, PrimExpr], loops: Loops
+) -> list[tuple[Lin, Lin] | None]:
+    """Per axis, the index range `reads` cover with `vmap` substituted and `loops` relaxed over
+    their ranges; None for an axis where some index is not affine (or nothing is read)."""
+    box: list[tuple[Lin, Lin] | None] = []
+    for d in range(ndim):
+        rngs = [relax(substitute(ld.indices[d], vmap), loops) for ld in reads]
+        hull: tuple[Lin, Lin] | None = None
+        for rng in rngs:
+            hull = _hull(hull, rng)
+        box.append(None if any(r is None for r in rngs) else hull)
+    return box
+
+
 def _proven_lt(hi: Lin | None, limit: PrimExpr) -> bool:
     if hi is None:
         return False
@@ -219,31 +240,21 @@ class _Lowering:
     def _infer_region(self, st: Stage) -> None:
         info = self.info[st]
         op = st.op
-        full = [False] * len(op.axis)
-        lo: list[Lin | None] = [None] * len(op.axis)
-        hi: list[Lin | None] = [None] * len(op.axis)
+        box: list[tuple[Lin, Lin] | None] = [None] * len(op.axis)
+        unknown = [False] * len(op.axis)
         for reader in info.readers:
-            loops = self._loops_inside(reader, st)
-            vmap = self._root_values(reader)
-            for ld in loads(self.info[reader].body):
-                hit = self._stage_of_load(ld)
-                if hit is None or hit[1] is not st:
-                    continue
-                for d, index in enumerate(ld.indices):
-                    rng = relax(substitute(index, vmap), loops)
-                    if rng is None:
-                        full[d] = True
-                        continue
-                    old_lo, old_hi = lo[d], hi[d]
-                    lo[d] = rng[0] if old_lo is None else lin_min(old_lo, rng[0])
-                    hi[d] = rng[1] if old_hi is None else lin_max(old_hi, rng[1])
+            reads = [ld for ld in loads(self.info[reader].body) if (hit := self._stage_of_load(ld)) and hit[1] is st]
+            for d, rng in enumerate(_bounding_box(reads, len(op.axis), self._root_values(reader),
+                                                  self._loops_inside(reader, st))):
+                unknown[d] = unknown[d] or rng is None
+                box[d] = _hull(box[d], rng)
         for d, iv in enumerate(op.axis):
-            dlo, dhi = lo[d], hi[d]
+            rng = box[d]
             assert iv.dom is not None
-            if full[d] or dlo is None or dhi is None:
+            if unknown[d] or rng is None:
                 info.rmin[iv], info.rext[iv] = iv.dom.min, iv.dom.extent
             else:
-                info.rmin[iv], info.rext[iv] = dlo.to_expr(), (dhi - dlo + 1).to_expr()
+                info.rmin[iv], info.rext[iv] = rng[0].to_expr(), (rng[1] - rng[0] + 1).to_expr()
 
     def _bounds(self, st: Stage) -> None:
         info = self.info[st]
@@ -338,19 +349,11 @@ class _Lowering:
             if buf is None or not reads:
                 raise ScheduleError(f"{where}: the stage does not read the tensor after inlining")
             inner = self._leaf_loops(st, st.leaf_iter_vars.index(iv) + 1, len(st.leaf_iter_vars))
-            shift = {iv.var: iv.var + offset}
             box: list[tuple[Lin, Lin]] = []
-            for d in range(buf.ndim):
-                lo: Lin | None = None
-                hi: Lin | None = None
-                for ld in reads:
-                    rng = relax(substitute(ld.indices[d], shift), inner)
-                    if rng is None:
-                        raise ScheduleError(f"{where}: its index {ld.indices[d]} is not affine in the loops")
-                    lo = rng[0] if lo is None else lin_min(lo, rng[0])
-                    hi = rng[1] if hi is None else lin_max(hi, rng[1])
-                assert lo is not None and hi is not None
-                box.append((lo, hi))
+            for d, rng in enumerate(_bounding_box(reads, buf.ndim, {iv.var: iv.var + offset}, inner)):
+                if rng is None:
+                    raise ScheduleError(f"{where}: its index along axis {d} is not affine in the loops")
+                box.append(rng)
             per_line = max(1, _CACHE_LINE * 8 // DataType.of(buf.dtype).bits)
             ks = [Var(f"pf{d}") for d in range(buf.ndim)]
             index = [simplify(lo.to_expr() + k) for (lo, _), k in zip(box[:-1], ks, strict=False)]

@@ -16,10 +16,10 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
 from kiln.ir.transform import PassContext, Sequential
-from kiln.ir.types import TensorType, TupleType, Type
+from kiln.ir.types import TensorType, Type
 from kiln.registry import Op
 from kiln.relay import expr as rx
-from kiln.relay.backend.te_compiler import CompiledKernel, compile_primitive
+from kiln.relay.backend.te_compiler import CompiledKernel, compile_primitive, field_slice, tensor_types
 from kiln.relay.type_infer import infer_type
 from kiln.relay.visitor import ExprMutator, post_order
 from kiln.runtime.executor import Graph, Launch, Library, Slot
@@ -86,11 +86,7 @@ class _GraphBuilder:
         return len(self.slots) - 1
 
     def _temps(self, ty: Type) -> list[int]:
-        if isinstance(ty, TupleType):
-            return [s for f in ty.fields for s in self._temps(f)]
-        if not isinstance(ty, TensorType):
-            raise BuildError(f"relay.build cannot hold a value of type {ty}")
-        return [self._slot(ty, "temp")]
+        return [self._slot(t, "temp") for t in tensor_types(ty, "relay.build")]
 
     def _kernel(self, fn: rx.Function, n: int) -> int:
         kernel = compile_primitive(fn, self.target, name=f"fused_{n}")
@@ -125,10 +121,7 @@ class _GraphBuilder:
             elif isinstance(node, rx.Tuple):
                 env[id(node)] = [s for f in node.fields for s in env[id(f)]]
             elif isinstance(node, rx.TupleGetItem):
-                tt = node.tuple_value.checked_type
-                assert isinstance(tt, TupleType)
-                start = sum(_width(f) for f in tt.fields[: node.index])
-                env[id(node)] = env[id(node.tuple_value)][start: start + _width(tt.fields[node.index])]
+                env[id(node)] = env[id(node.tuple_value)][field_slice(node)]
             elif isinstance(node, rx.Call):
                 fn = node.op if isinstance(node.op, rx.Function) else _wrap(node)
                 k = self._kernel(fn, len(self.launches))
@@ -154,10 +147,6 @@ class _GraphBuilder:
         graph = Graph(self.slots, self.launches, inputs, list(outputs), self.constants)
         graph.plan_memory()
         return graph
-
-
-def _width(ty: Type) -> int:
-    return sum(_width(f) for f in ty.fields) if isinstance(ty, TupleType) else 1
 
 
 def _wrap(call: rx.Call) -> rx.Function:

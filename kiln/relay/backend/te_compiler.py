@@ -39,12 +39,21 @@ class LoweringError(KilnError):
     """A primitive function that cannot be lowered (unsupported node, a compute that broke its contract)."""
 
 
-def _tensor_types(t: Type, where: str) -> list[TensorType]:
+def tensor_types(t: Type, where: str) -> list[TensorType]:
+    """The tensors a value of type `t` is made of, nested tuples flattened in order."""
     if isinstance(t, TensorType):
         return [t]
     if isinstance(t, TupleType):
-        return [x for f in t.fields for x in _tensor_types(f, where)]
+        return [x for f in t.fields for x in tensor_types(f, where)]
     raise LoweringError(f"{where}: cannot lower a value of type {t}")
+
+
+def field_slice(item: rx.TupleGetItem) -> slice:
+    """Where field `item.index` lies among the flattened tensors of its tuple."""
+    tt = item.tuple_value.checked_type
+    assert isinstance(tt, TupleType)
+    start = sum(len(tensor_types(f, "a tuple field")) for f in tt.fields[: item.index])
+    return slice(start, start + len(tensor_types(tt.fields[item.index], "a tuple field")))
 
 
 class _Lowerer:
@@ -75,7 +84,7 @@ class _Lowerer:
     def run(self) -> tuple[te.Schedule, list[te.Tensor], list[te.Tensor]]:
         env: dict[int, list[te.Tensor]] = {}
         for p in self.func.params:
-            (ty,) = _tensor_types(p.checked_type, f"parameter {p.name_hint}")
+            (ty,) = tensor_types(p.checked_type, f"parameter {p.name_hint}")
             env[id(p)] = [self._placeholder(ty, p.name_hint, f"parameter {p.name_hint}")]
         anchor: tuple[OpPattern, Any, list[te.Tensor]] | None = None
         for node in post_order(self.func.body):
@@ -89,11 +98,7 @@ class _Lowerer:
             elif isinstance(node, rx.Tuple):
                 env[id(node)] = [t for f in node.fields for t in env[id(f)]]
             elif isinstance(node, rx.TupleGetItem):
-                field_types = node.tuple_value.checked_type
-                assert isinstance(field_types, TupleType)
-                start = sum(len(_tensor_types(f, "a tuple field")) for f in field_types.fields[: node.index])
-                width = len(_tensor_types(field_types.fields[node.index], "a tuple field"))
-                env[id(node)] = env[id(node.tuple_value)][start:start + width]
+                env[id(node)] = env[id(node.tuple_value)][field_slice(node)]
             elif isinstance(node, rx.Call) and isinstance(node.op, Op):
                 outs, pattern, impl = self._call(node, [t for a in node.args for t in env[id(a)]])
                 env[id(node)] = outs
@@ -120,7 +125,7 @@ class _Lowerer:
         assert isinstance(op, Op)
         dtypes = [t.dtype for t in inputs]
         impl = select_implementation(op.name, self.target.kind.name, dtypes, self.labels.get(op.name))
-        out_types = _tensor_types(call.checked_type, f"op {op.name}")
+        out_types = tensor_types(call.checked_type, f"op {op.name}")
         outs = impl.compute(call.attrs, inputs, call.checked_type)
         if not isinstance(outs, (list, tuple)) or len(outs) != len(out_types) or not all(
             isinstance(t, te.Tensor) for t in outs

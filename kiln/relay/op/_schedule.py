@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kiln import te
+from kiln.ir.dtype import DataType
 from kiln.registry import Op, OpPattern, attr, mark_registration_helper, register_implementation, register_op
 from kiln.target import Target
 
@@ -31,8 +32,7 @@ _PARALLEL_MIN = 16 * 1024  # elements below which a kernel runs on one core (for
 
 
 def _lanes(t: te.Tensor) -> int:
-    bits = {"float64": 64, "int64": 64, "float32": 32, "int32": 32, "int16": 16, "float16": 16}.get(t.dtype, 8)
-    return max(1, _VECTOR_BYTES * 8 // bits)
+    return max(1, _VECTOR_BYTES * 8 // max(DataType.of(t.dtype).bits, 8))  # bool counts as a byte
 
 
 def _static_size(t: te.Tensor) -> int | None:
