@@ -5,7 +5,8 @@ from the registry's table (target kind, input dtypes, and a label forced
 through `PassContext(config={"relay.backend.use_label": {op: label}})`) and
 its compute builds te tensors from the tensors of the call's arguments. The
 anchor is the call with the most general `TOpPattern` (the last among equals);
-the group's other stages without reductions are inlined, and the anchor's
+the group's other stages without reductions are inlined (except a compute's
+internal stages marked `KEEP`, which its schedule places), and the anchor's
 implementation schedules the rest. Groups that are structurally equal (same
 ops, attrs, types) on the same target compile once.
 """
@@ -27,6 +28,7 @@ from kiln.ir.types import SymDim, TensorType, TupleType, Type
 from kiln.registry import Op, OpPattern, attr, select_implementation
 from kiln.relay import expr as rx
 from kiln.relay.analysis import structural_hash
+from kiln.relay.op._schedule import KEEP, schedule_injective
 from kiln.relay.visitor import post_order
 from kiln.runtime.module import Module
 from kiln.target import Target
@@ -110,12 +112,13 @@ class _Lowerer:
         sch = te.create_schedule(outs)
         out_ops = {id(t.op) for t in outs}
         if anchor is None or anchor[0] <= OpPattern.INJECTIVE:
-            anchor_outs, schedule = outs, (anchor[1].schedule if anchor else _schedule_copy)
+            anchor_outs, schedule = outs, (anchor[1].schedule if anchor else schedule_injective)
         else:
             anchor_outs, schedule = anchor[2], anchor[1].schedule
         keep = out_ops | {id(t.op) for t in anchor_outs}
         for stage in list(sch.stages):
-            if id(stage.op) not in keep and not stage.op.reduce_axis and stage.attach_type is te.AttachType.ROOT:
+            if (id(stage.op) not in keep and not stage.op.reduce_axis and not stage.op.attrs.get(KEEP)
+                    and stage.attach_type is te.AttachType.ROOT):
                 stage.compute_inline()
         schedule(sch, anchor_outs, outs, self.target)
         return sch, self.inputs, outs
@@ -154,13 +157,6 @@ class _Lowerer:
             seen.add(id(t.op))
             result.append(t)
         return result
-
-
-def _schedule_copy(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
-                   target: Target) -> None:
-    from kiln.relay.op._schedule import schedule_injective
-
-    schedule_injective(sch, anchor_outs, outs, target)
 
 
 class CompiledKernel:

@@ -28,11 +28,23 @@ from kiln.target import Target
 mark_registration_helper(__file__)
 
 _VECTOR_BYTES = 64  # one zmm register; LLVM narrows it on hosts without AVX-512
+KEEP = "kiln.keep"  # ComputeOp attr: a compute's internal stage that its schedule places; lowering leaves it
 _PARALLEL_MIN = 16 * 1024  # elements below which a kernel runs on one core (fork-join costs a few us)
 
 
-def _lanes(t: te.Tensor) -> int:
-    return max(1, _VECTOR_BYTES * 8 // max(DataType.of(t.dtype).bits, 8))  # bool counts as a byte
+def vector_lanes(dtype: str) -> int:
+    """Elements of `dtype` in one vector register."""
+    return max(1, _VECTOR_BYTES * 8 // max(DataType.of(dtype).bits, 8))  # bool counts as a byte
+
+
+def op_attr(t: te.Tensor, key: str) -> Any:
+    """Attribute `key` of the compute that produces `t` (None for a placeholder or a missing key)."""
+    return t.op.attrs.get(key) if isinstance(t.op, te.ComputeOp) else None
+
+
+def divisor_at_most(n: int, limit: int) -> int:
+    """The largest divisor of `n` that is at most `limit` (a tile size that leaves no tail)."""
+    return next(d for d in range(max(1, min(n, limit)), 0, -1) if n % d == 0)
 
 
 def _static_size(t: te.Tensor) -> int | None:
@@ -56,7 +68,7 @@ def schedule_injective_stage(sch: te.Schedule, t: te.Tensor) -> None:
     if not axes:
         return
     fused = axes[0] if len(axes) == 1 else stage.fuse(*axes)
-    lanes = _lanes(t)
+    lanes = vector_lanes(t.dtype)
     size = _static_size(t)
     if size is not None and size < lanes:
         return
@@ -138,3 +150,24 @@ def register_compute(
     if schedule is None:
         schedule = default_schedule(op.get_attr(attr.TOpPattern, OpPattern.OPAQUE))
     register_implementation(name, compute, schedule, name="generic", priority=0)
+
+
+def split_epilogue(sch: te.Schedule, anchor: te.Tensor, outs: Sequence[te.Tensor],
+                   cache: bool = False) -> tuple[te.Tensor, te.Tensor]:
+    """For a tiled anchor: the tensor whose loops to tile, and the tensor that computes the anchor.
+
+    When the group's one output is an elementwise epilogue of the anchor's shape
+    (bias, activation), the epilogue's loops are tiled and the anchor is computed
+    per tile (`compute_at` by the caller), so the anchor's tile stays in
+    registers. Otherwise the anchor's own loops are tiled; with `cache` its
+    values are accumulated in a local tile first (`cache_write`). Other outputs
+    are scheduled as injective stages.
+    """
+    same = [t for t in outs if t.op is not anchor.op and [int(getattr(d, "value", -1)) for d in t.shape]
+            == [int(getattr(d, "value", -1)) for d in anchor.shape]]
+    if len(outs) == 1 and same:
+        return same[0], anchor
+    for t in outs:
+        if t.op is not anchor.op:
+            schedule_injective_stage(sch, t)
+    return anchor, (sch.cache_write(anchor, "local") if cache else anchor)

@@ -24,12 +24,21 @@ from kiln import te
 from kiln.ir.attrs import Attrs, FieldError, int_range, int_tuple, one_of, optional
 from kiln.ir.dtype import DataType, DTypeError
 from kiln.ir.types import ANY, AnyDim, Dim, TensorType, Type, dim_add
-from kiln.registry import OpPattern
+from kiln.registry import OpPattern, register_implementation
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import clamp, differ, dtype_of, static_shape, tensor_shape
 from kiln.relay.op._reg import register_nn_op
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
-from kiln.relay.op._schedule import register_compute
+from kiln.relay.op._schedule import (
+    KEEP,
+    divisor_at_most,
+    op_attr,
+    register_compute,
+    schedule_generic,
+    schedule_injective_stage,
+    split_epilogue,
+    vector_lanes,
+)
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 
@@ -334,6 +343,78 @@ def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type)
 
 
 register_compute("nn.conv2d", _conv2d_compute)
+
+
+def _conv2d_tiled_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """NCHW/OIHW without groups: the input padded once into a buffer, then the window sum unguarded.
+
+    Other layouts and grouped convolutions get the direct compute (and the generic schedule).
+    """
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or attrs.groups != 1:
+        return _conv2d_compute(attrs, inputs, out_type)
+    data, weight = inputs
+    n, c, h, w = tensor_shape(data)
+    _, _, kh, kw = tensor_shape(weight)
+    shape = static_shape(out_type)
+    dtype = dtype_of(out_type)
+    pt, pl, pb, pr = attrs.padding
+    (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
+    if any(attrs.padding):
+        zero = te.const(0, data.dtype)
+        data = te.compute(
+            (n, c, h + pt + pb, w + pl + pr),
+            lambda b, ch, y, x: read_window(data, "NCHW", b, ch, y - pt, x - pl, (h, w), (True, True), zero),
+            name="pad",
+            attrs={KEEP: True},
+        )
+    rc, ry, rx = te.reduce_axis((0, c), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+
+    def conv(b: PrimExpr, o: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
+        v = data[b, rc, y * sh + ry * dh, x * sw + rx * dw]
+        return te.sum(te.cast(v, dtype) * te.cast(weight[o, rc, ry, rx], dtype), axis=[rc, ry, rx])
+
+    lanes = vector_lanes(dtype)
+    bx = next((v for v in (2 * lanes, lanes) if shape[3] % v == 0), divisor_at_most(shape[3], 2 * lanes))
+    tiles = (divisor_at_most(shape[1], 16 * lanes // max(bx, lanes)), bx)
+    return [te.compute(shape, conv, name="conv2d", attrs={"tiles": tiles})]
+
+
+def _conv2d_tiled_schedule(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                           target: Any) -> None:
+    """A tile of (8 output channels) x (two vectors of output columns) in registers.
+
+    Each step of the window sum loads two vectors of input row and broadcasts
+    eight weights (16 FMAs for 10 loads); the elementwise epilogue runs on the
+    tile while it is in registers. Rows of output channel tiles run on the cores.
+    """
+    (c,) = anchor_outs
+    tiles = op_attr(c, "tiles")
+    if tiles is None:
+        schedule_generic(sch, anchor_outs, outs, target)
+        return
+    bo, bx = tiles
+    tiled, comp = split_epilogue(sch, c, outs, cache=True)
+    stage = sch[tiled]
+    n, o, y, x = stage.op.axis
+    oo, oi = stage.split(o, factor=bo)
+    xo, xi = stage.split(x, factor=bx)
+    stage.reorder(n, oo, y, xo, oi, xi)
+    stage.parallel(stage.fuse(n, oo, y))
+    stage.vectorize(xi)
+    sch[comp].compute_at(stage, xo)
+    cs = sch[comp]
+    _, co, _, cx = cs.op.axis
+    rc, ry, rx = cs.op.reduce_axis
+    cs.reorder(rc, ry, rx, co, cx)
+    cs.unroll(co)
+    cs.vectorize(cx)
+    for t in c.op.input_tensors:
+        if op_attr(t, KEEP):
+            schedule_injective_stage(sch, t)
+
+
+register_implementation("nn.conv2d", _conv2d_tiled_compute, _conv2d_tiled_schedule, name="tiled", target="llvm",
+                        dtypes=("float32", "float64"), priority=10)
 
 
 def conv2d(

@@ -19,12 +19,19 @@ from kiln import te
 from kiln.ir.attrs import Attrs, bool_value, int_range, optional
 from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type
-from kiln.registry import OpPattern
+from kiln.registry import OpPattern, register_implementation
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import Array, differ, dtype_of, static_shape, tensor_shape
 from kiln.relay.op._reg import register_nn_op
 from kiln.relay.op._rel import RelationError, broadcast_dim, broadcast_shapes, same_dtype, tensor_args
-from kiln.relay.op._schedule import register_compute
+from kiln.relay.op._schedule import (
+    divisor_at_most,
+    op_attr,
+    register_compute,
+    schedule_generic,
+    split_epilogue,
+    vector_lanes,
+)
 from kiln.relay.op.conv import dtype_or_none, optional_dtype
 from kiln.tir.expr import PrimExpr
 
@@ -257,3 +264,125 @@ def batch_matmul(x: Expr, y: Expr, transpose_a: bool = False, transpose_b: bool 
     return call("nn.batch_matmul", [x, y], BatchMatmulAttrs.make(
         "nn.batch_matmul", transpose_a=transpose_a, transpose_b=transpose_b, out_dtype=out_dtype
     ))
+
+
+# --- CPU implementations: register-tiled products -------------------------------------------------
+#
+# Both forms keep a tile of C in vector registers and fuse the group's elementwise
+# epilogue (bias, activation) into the tile, so C never goes through memory:
+#
+# - "inner" (b given as (N, K): nn.dense, batch_matmul's default, matmul with
+#   transpose_b): both operands are contiguous along K, so a (bm, bn, L) stage of
+#   partial sums runs along K L lanes at a time (8 vector loads feed 16 FMAs for a
+#   4x4 tile), and a short horizontal sum per element closes it. No packing.
+# - "outer" (b given as (K, N)): a (bm, bn) tile vectorized along N; each step of K
+#   broadcasts bm values of a against bn / L vectors of b.
+
+_MAX_TILE = 4
+
+
+class _Product:
+    """out[batch..., m, n] = sum over k of a[batch, m, k] * b[batch, n, k], a and b as the op's attrs give them.
+
+    nn.dense is the case a (..., M, K), b (N, K) without batch dims.
+    """
+
+    def __init__(self, attrs: DenseAttrs | MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tensor],
+                 out_type: Type) -> None:
+        self.a, self.b = inputs
+        self.shape = static_shape(out_type)
+        self.dtype = dtype_of(out_type)
+        self.nb = len(self.shape) - 2
+        self.ta, self.tb = (False, True) if isinstance(attrs, DenseAttrs) else (attrs.transpose_a, attrs.transpose_b)
+        a_shape = tensor_shape(self.a)
+        self.k = a_shape[-2] if self.ta else a_shape[-1]
+        self.b_nk = self.tb and not self.ta  # both operands contiguous along K
+
+    def term(self, i: Sequence[PrimExpr], k: PrimExpr) -> PrimExpr:
+        """a[m, k] * b[k, n] at output index `i` (batch..., m, n), in the output dtype."""
+        batch, m, n = i[: self.nb], i[self.nb], i[self.nb + 1]
+        ai = (*_batch_index(batch, tensor_shape(self.a)[:-2]), *((k, m) if self.ta else (m, k)))
+        bi = (*_batch_index(batch, tensor_shape(self.b)[:-2]), *((n, k) if self.tb else (k, n)))
+        return te.cast(self.a[ai], self.dtype) * te.cast(self.b[bi], self.dtype)
+
+    def inner(self, name: str) -> te.Tensor:
+        """The inner form: partial sums `width` lanes wide along K, then their sum."""
+        k, lanes = self.k, vector_lanes(self.dtype)
+        width = next((w for w in (lanes, lanes // 2, lanes // 4) if k % w == 0), lanes)
+        ko = te.reduce_axis((0, -(-k // width)), name="ko")
+
+        def partial(*i: PrimExpr) -> PrimExpr:
+            kk = ko * width + i[-1]
+            if k % width == 0:
+                return te.sum(self.term(i[:-1], kk), axis=ko)
+            # the last step runs past K: its loads are clamped (a select may evaluate both sides)
+            value = self.term(i[:-1], te.min(kk, k - 1))
+            return te.sum(te.if_then_else(kk < k, value, te.const(0, self.dtype)), axis=ko)
+
+        p = te.compute((*self.shape, width), partial, name=f"{name}_partial")
+        kl = te.reduce_axis((0, width), name="kl")
+
+        def total(*i: PrimExpr) -> PrimExpr:
+            index = (*i, kl)
+            return te.sum(p[index], axis=kl)
+
+        return te.compute(self.shape, total, name=name, attrs={"partial": p})
+
+    def outer(self, name: str) -> te.Tensor:
+        """The outer form: the direct sum along K, scheduled with N in vectors."""
+        k = te.reduce_axis((0, self.k), name="k")
+        return te.compute(self.shape, lambda *i: te.sum(self.term(i, k), axis=k), name=name, attrs={"tiled": True})
+
+
+def _product_compute(attrs: DenseAttrs | MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tensor],
+                     out_type: Type) -> list[te.Tensor]:
+    """The tiled forms; a product with a 1-D side gets the direct compute (and the generic schedule)."""
+    if len(static_shape(out_type)) < 2:
+        if isinstance(attrs, DenseAttrs):
+            return _dense_compute(attrs, inputs, out_type)
+        return _matmul_compute(attrs, inputs, out_type)
+    prod = _Product(attrs, inputs, out_type)
+    name = "dense" if isinstance(attrs, DenseAttrs) else "matmul"
+    return [prod.inner(name) if prod.b_nk else prod.outer(name)]
+
+
+def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                      target: Any) -> None:
+    """Tiles (batch..., m, n) of the product, or of its epilogue; column tiles outermost, on the cores.
+
+    A column tile of b (bn rows of (N, K), or bn columns of (K, N)) stays in L1
+    while the row tiles of a stream past it.
+    """
+    (c,) = anchor_outs
+    partial = op_attr(c, "partial")
+    if partial is None and not op_attr(c, "tiled"):
+        schedule_generic(sch, anchor_outs, outs, target)
+        return
+    *_, m, n = tensor_shape(c)
+    lanes = vector_lanes(c.dtype)
+    bm = divisor_at_most(m, _MAX_TILE)
+    bn = divisor_at_most(n, {4: 4, 3: 5}.get(bm, 8)) if partial is not None else divisor_at_most(n, 4 * lanes)
+    tiled, comp = split_epilogue(sch, c, outs, cache=partial is None)
+    stage = sch[tiled]
+    *batch, sm, sn = stage.op.axis
+    mo, mi = stage.split(sm, factor=bm)
+    no, ni = stage.split(sn, factor=bn)
+    stage.reorder(*batch, no, mo, mi, ni)
+    stage.parallel(stage.fuse(*batch, no) if batch else no)
+    if bn >= lanes:
+        stage.vectorize(ni)
+    if comp.op is not tiled.op:
+        sch[comp].compute_at(stage, mo)
+    inner = sch[partial if partial is not None else comp]
+    if partial is not None:
+        inner.compute_at(stage, mo)
+    axes = list(inner.op.axis[-3:] if partial is not None else inner.op.axis[-2:])
+    inner.reorder(inner.op.reduce_axis[0], *axes)
+    for iv in axes[:-1]:
+        inner.unroll(iv)
+    inner.vectorize(axes[-1])
+
+
+for _op in ("nn.dense", "nn.matmul", "nn.batch_matmul"):
+    register_implementation(_op, _product_compute, _schedule_product, name="tiled", target="llvm",
+                            dtypes=("float32", "float64"), priority=10)
