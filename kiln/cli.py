@@ -1,15 +1,186 @@
-"""The `kiln` command line: `kiln ops`, `kiln targets`, `kiln target`, `kiln demo`."""
+"""The `kiln` command line.
+
+```
+kiln ops [NAME] [--json]         the op registry
+kiln targets [--json]            target kinds, their options, the tags
+kiln target [SPEC] [--json]      one target, parsed (default: the host CPU)
+kiln show MODEL.txt [--fusion] [--params P.npz]
+                                 the typed IR of a model in the Relay text format;
+                                 with --fusion also the IR after relay.build's passes
+kiln compile MODEL.txt [--params P.npz] [--target llvm] -o OUT.kiln
+                                 relay.build, then write the library file
+kiln run OUT.kiln --input x=x.npy [--input ...] [--output OUT.npy|OUT.npz]
+                                 load a library, run it, save or summarize the outputs
+kiln demo                        the main job that `make demo` runs
+```
+
+Every error a user can cause (a missing or unreadable file, text that does not
+parse or type-check, a corrupt library, inputs of the wrong name, shape or
+dtype) prints `kiln: error: ...` on stderr and exits with status 2. The helpers
+that `kiln show` and `kiln compile` use (`load_model`, `load_params`,
+`after_build_passes`, `ProgressBar`) are shared with `kiln.demo`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+import time
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
 
 from kiln import __version__, registry
 from kiln.errors import KilnError
+from kiln.ir.module import IRModule
+from kiln.ir.transform import Sequential
 from kiln.target import Target, TargetKind, TargetTag
+
+
+class CliError(KilnError, ValueError):
+    """A command-line problem: a file that cannot be read or written, a malformed option."""
+
+
+# ---------------------------------------------------------------------------
+# Helpers shared with kiln.demo
+# ---------------------------------------------------------------------------
+
+
+def _os_message(err: OSError) -> str:
+    """`No such file or directory: 'x.npy'` rather than `[Errno 2] No such file ...`."""
+    if err.filename is None:
+        return str(err)
+    return f"{err.strerror or type(err).__name__}: {str(err.filename)!r}"
+
+
+def _read_text(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise CliError(f"cannot read the model: {_os_message(err)}") from None
+    except UnicodeDecodeError as err:
+        raise CliError(f"{str(path)!r} is not a text file ({err.reason} at byte {err.start})") from None
+
+
+def load_model(path: str | Path) -> IRModule:
+    """Reads a model in kiln's Relay text format and type-checks it.
+
+    Args:
+        path: a file holding `def @main(...) { ... }` (what `str(mod)` prints), or
+            one function `fn (...) { ... }`, which becomes main.
+
+    Returns:
+        The typed module.
+
+    Raises:
+        CliError: the file cannot be read, or holds neither a module nor a function.
+        ParseError, TypeInferenceError: the text is malformed or does not type-check.
+    """
+    from kiln import relay
+
+    parsed = relay.parse(_read_text(path), source_name=str(path))
+    if isinstance(parsed, relay.Function):
+        parsed = IRModule.from_expr(parsed)
+    if not isinstance(parsed, IRModule):
+        raise CliError(f"{str(path)!r} holds a {type(parsed).__name__}; a model is 'def @main(...) {{ ... }}'")
+    if "main" not in parsed:
+        raise CliError(f"{str(path)!r} defines no @main; it defines {', '.join('@' + n for n in parsed)}")
+    typed: IRModule = relay.transform.InferType()(parsed)
+    return typed
+
+
+def _load_npy(path: str | Path, what: str) -> Any:
+    """np.load of an .npy or .npz file (never a pickle); its failures as CliError naming `what`."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as err:
+        raise CliError(f"cannot read {what}: {_os_message(err)}") from None
+    if not (magic.startswith(b"\x93NUMPY") or magic.startswith(b"PK\x03\x04")):
+        raise CliError(f"{what}: {str(path)!r} is not a numpy .npy or .npz file")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise CliError(f"{what}: {str(path)!r} is not a readable numpy file ({err})") from None
+
+
+def load_params(path: str | Path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file by name (`np.savez(path, w0=..., b0=...)`)."""
+    data = _load_npy(path, "params")
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise CliError(f"params {str(path)!r} must be an .npz archive of named arrays (np.savez), not one array")
+    with data:
+        return {name: data[name] for name in data.files}
+
+
+def after_build_passes(mod: IRModule, params: Mapping[str, Any] | None = None) -> tuple[IRModule, Any]:
+    """The module as relay.build compiles it, and why FuseOps grouped its calls as it did.
+
+    Runs the pass list of `relay.build` (after binding `params` as constants, as
+    relay.build does) under the current PassContext.
+
+    Args:
+        mod: the model; its "main" is used.
+        params: values of main's parameters to bind, by name.
+
+    Returns:
+        `(fused, report)`: the module after every pass, and the
+        `relay.analysis.fusion_report` of the module just before FuseOps.
+    """
+    from kiln import relay
+    from kiln.relay.backend.build_module import _passes, bind_params
+
+    func = relay.infer_type(mod["main"])
+    if not isinstance(func, relay.Function):
+        raise CliError(f"main must be a function, not a {type(func).__name__}")
+    if params:
+        func = relay.infer_type(bind_params(func, params))
+    passes = _passes()
+    names = [p.info.name for p in passes]
+    cut = names.index("FuseOps") if "FuseOps" in names else len(passes)
+    before = Sequential(passes[:cut], name="relay.build")(IRModule.from_expr(func))
+    report = relay.analysis.fusion_report(before)
+    return Sequential(passes[cut:], name="relay.build")(before), report
+
+
+class ProgressBar:
+    """A `progress(done, total)` callback for relay.build that draws a bar on a terminal.
+
+    The bar animates only when `stream` is a terminal; otherwise it writes
+    nothing (so logs and pipes stay clean). `finish()` ends the bar's line.
+    """
+
+    def __init__(self, label: str = "compiling", stream: IO[str] | None = None, width: int = 30) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.animate = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.animate:
+            return
+        filled = self.width * done // max(total, 1)
+        bar = "#" * filled + "." * (self.width - filled)
+        self.stream.write(f"\r{self.label} [{bar}] {done}/{total} kernels")
+        self.stream.flush()
+        self.drawn = True
+
+    def finish(self) -> None:
+        """Ends the bar's line, if one was drawn."""
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
+
+
+# ---------------------------------------------------------------------------
+# kiln ops / targets / target
+# ---------------------------------------------------------------------------
 
 
 def _cmd_ops(args: argparse.Namespace) -> None:
@@ -68,10 +239,157 @@ def _cmd_target(args: argparse.Namespace) -> None:
         print(f"  {name:28} {text}")
 
 
+# ---------------------------------------------------------------------------
+# kiln show / compile / run
+# ---------------------------------------------------------------------------
+
+
+def _cmd_show(args: argparse.Namespace) -> None:
+    from kiln.relay.printer import astext
+
+    if args.params and not args.fusion:
+        raise CliError("--params is used by --fusion only (the typed IR is printed before any binding)")
+    mod = load_model(args.model)
+    params = load_params(args.params) if args.params else None
+    print(str(mod), end="")
+    if args.fusion:
+        fused, report = after_build_passes(mod, params)
+        print("\n// after relay.build's passes (large constants elided as meta[...])")
+        print(astext(fused, show_meta_data=False), end="")
+        print(f"\n{report}")
+
+
+def _cmd_compile(args: argparse.Namespace) -> None:
+    from kiln import relay
+
+    mod = load_model(args.model)
+    params = load_params(args.params) if args.params else None
+    bar = ProgressBar()
+    start = time.perf_counter()
+    try:
+        lib = relay.build(mod, target=args.target, params=params, progress=bar)
+    finally:
+        bar.finish()
+    seconds = time.perf_counter() - start
+    try:
+        lib.export(args.output)
+    except OSError as err:
+        raise CliError(f"cannot write the library: {_os_message(err)}") from None
+    slots = [lib.graph.slots[s] for s in lib.graph.inputs]
+    inputs = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in slots)
+    kernels, outputs = len(lib.kernels), len(lib.graph.outputs)
+    print(f"kiln: compiled {kernels} kernel{'s' * (kernels != 1)} in {seconds:.2f} s for {lib.target.kind.name}; "
+          f"wrote {args.output} (inputs: {inputs or 'none'}; {outputs} output{'s' * (outputs != 1)})",
+          file=sys.stderr)
+
+
+def _read_inputs(specs: Sequence[str]) -> dict[str, np.ndarray]:
+    """`NAME=FILE.npy` binds one input; `FILE.npz` binds each array in it by its name."""
+    inputs: dict[str, np.ndarray] = {}
+    for spec in specs:
+        name, eq, path = spec.partition("=")
+        if eq:
+            if not name or not path:
+                raise CliError(f"--input {spec!r}: expected NAME=FILE.npy")
+            arrays = {name: _load_npy(path, f"input {name!r}")}
+            if isinstance(arrays[name], np.lib.npyio.NpzFile):
+                arrays[name].close()
+                raise CliError(f"--input {spec!r}: {path!r} is an .npz archive; pass it as --input {path}")
+        elif spec.endswith(".npz"):
+            arrays = load_params(spec)
+        else:
+            raise CliError(f"--input {spec!r}: expected NAME=FILE.npy or FILE.npz")
+        for key, value in arrays.items():
+            if key in inputs:
+                raise CliError(f"input {key!r} is given twice")
+            inputs[key] = value
+    return inputs
+
+
+def _output_paths(path: str, count: int) -> list[Path]:
+    """Where `.npy` outputs go: `path` itself for one output, `stem_0.npy`, `stem_1.npy`, ... for several."""
+    p = Path(path)
+    if count == 1:
+        return [p]
+    stem = p.name[: -len(".npy")] if p.name.endswith(".npy") else p.name
+    return [p.with_name(f"{stem}_{i}.npy") for i in range(count)]
+
+
+def _summary(arr: np.ndarray) -> str:
+    head = f"{arr.dtype}{list(arr.shape)}"
+    if arr.size == 0:
+        return head + "  (empty)"
+    values = arr.astype(np.float64) if arr.dtype != np.bool_ else arr.astype(np.int64)
+    first = ", ".join(f"{v:.4g}" for v in values.reshape(-1)[:6]) + (", ..." if arr.size > 6 else "")
+    return (f"{head}  min {values.min():.4g}  max {values.max():.4g}  mean {values.mean():.4g}  "
+            f"std {values.std():.4g}\n  first values: {first}")
+
+
+def _cmd_run(args: argparse.Namespace) -> None:
+    from kiln import runtime
+
+    try:
+        lib = runtime.load(args.library)
+    except OSError as err:
+        raise CliError(f"cannot read the library: {_os_message(err)}") from None
+    inputs = _read_inputs(args.input)
+    ex = lib.create_executor()
+    missing = [n for n in ex.input_names if n not in inputs]
+    if missing:
+        slots = {lib.graph.slots[s].name: lib.graph.slots[s] for s in lib.graph.inputs}
+        wanted = ", ".join(f"{n} ({slots[n].dtype}{list(slots[n].shape)})" for n in missing)
+        raise CliError(f"missing input(s) {wanted}; give each as --input NAME=FILE.npy")
+    ex.run(**inputs)
+    outputs = [ex.get_output(i) for i in range(ex.num_outputs)]
+    try:
+        if args.output is None:
+            for i, out in enumerate(outputs):
+                print(f"output {i}: {_summary(out)}")
+        elif args.output.endswith(".npz"):
+            named: dict[str, Any] = {f"output_{i}": out for i, out in enumerate(outputs)}
+            with open(args.output, "wb") as f:
+                np.savez(f, **named)
+            print(f"wrote {args.output}: " + ", ".join(
+                f"output_{i} {out.dtype}{list(out.shape)}" for i, out in enumerate(outputs)))
+        else:
+            for path, out in zip(_output_paths(args.output, len(outputs)), outputs, strict=True):
+                with open(path, "wb") as f:  # a file object: np.save would append .npy to other names
+                    np.save(f, out, allow_pickle=False)
+                print(f"wrote {path}: {out.dtype}{list(out.shape)}")
+    except OSError as err:
+        raise CliError(f"cannot write the outputs: {_os_message(err)}") from None
+
+
 def _cmd_demo(args: argparse.Namespace) -> None:
     from kiln import demo
 
     demo.main()
+
+
+# ---------------------------------------------------------------------------
+# The parser and main
+# ---------------------------------------------------------------------------
+
+_RUN_EPILOG = """\
+inputs:
+  --input NAME=FILE.npy binds one input; --input FILE.npz binds every array of
+  the archive to the input of its name. Every input of the model must be given,
+  with the shape and dtype it was compiled for.
+outputs:
+  without --output, each output's dtype, shape, statistics and first values are
+  printed. --output OUT.npz writes all outputs to one archive, named output_0,
+  output_1, ... (np.load(OUT.npz)["output_0"]). Any other name, OUT.npy, gets a
+  model's one output as an .npy file; several outputs go to OUT_0.npy,
+  OUT_1.npy, ...
+"""
+
+
+def _add(
+    sub: Any, name: str, run: Callable[[argparse.Namespace], None], help: str, **kwargs: Any
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, **kwargs)
+    parser.set_defaults(run=run)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,22 +398,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    ops = sub.add_parser("ops", help="list the registered ops, or show one in full")
+    ops = _add(sub, "ops", _cmd_ops, "list the registered ops, or show one in full")
     ops.add_argument("name", nargs="?", help="an op name, e.g. nn.conv2d")
     ops.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    ops.set_defaults(run=_cmd_ops)
 
-    targets = sub.add_parser("targets", help="list the target kinds, their options, and the tags")
+    targets = _add(sub, "targets", _cmd_targets, "list the target kinds, their options, and the tags")
     targets.add_argument("--json", action="store_true", help="print JSON")
-    targets.set_defaults(run=_cmd_targets)
 
-    target = sub.add_parser("target", help="parse a target and show its options (default: the host)")
+    target = _add(sub, "target", _cmd_target, "parse a target and show its options (default: the host)")
     target.add_argument("spec", nargs="?", default="llvm", help='e.g. "llvm -mcpu=znver4" or nvidia/h100')
     target.add_argument("--json", action="store_true", help="print JSON")
-    target.set_defaults(run=_cmd_target)
 
-    demo = sub.add_parser("demo", help="the guided tour that `make demo` runs")
-    demo.set_defaults(run=_cmd_demo)
+    show = _add(sub, "show", _cmd_show, "print the typed IR of a model in the Relay text format")
+    show.add_argument("model", help="a model file, e.g. what str(mod) prints: def @main(...) { ... }")
+    show.add_argument("--fusion", action="store_true",
+                      help="also print the IR after relay.build's passes and the fusion report")
+    show.add_argument("--params", metavar="P.npz", help="weights to bind by name before the passes (with --fusion)")
+
+    comp = _add(sub, "compile", _cmd_compile, "compile a model in the Relay text format to a library file")
+    comp.add_argument("model", help="a model file in the Relay text format")
+    comp.add_argument("--params", metavar="P.npz",
+                      help="an .npz of arrays bound as constants to main's parameters of the same names")
+    comp.add_argument("--target", default="llvm", help="the target (default: llvm, the host CPU)")
+    comp.add_argument("-o", "--output", required=True, metavar="OUT.kiln", help="the library file to write")
+
+    run = _add(sub, "run", _cmd_run, "run a compiled library on inputs from .npy/.npz files",
+               epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("library", metavar="LIB.kiln", help="a file written by `kiln compile`")
+    run.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
+                     help="an input (repeat for several), or FILE.npz of inputs by name")
+    run.add_argument("--output", "-o", metavar="OUT.npy|OUT.npz", help="where to save the outputs (see below)")
+
+    _add(sub, "demo", _cmd_demo, "the main job that `make demo` runs: build, check and time an MLP and a CNN")
     return parser
 
 
@@ -109,6 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `kiln ops | head`
         return 0
+    except OSError as err:  # a file error no command anticipated
+        print(f"kiln: error: {_os_message(err)}", file=sys.stderr)
+        return 2
     return 0
 
 

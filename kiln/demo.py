@@ -1,156 +1,239 @@
-"""The guided tour that `make demo` runs.
+"""The main job that `make demo` (`kiln demo`) runs: two models, from Python to machine code.
 
-Until the compiler exists, it shows the two things kiln stands on: the target
-it detects for this machine, and the op registry at work (a user-defined op, an
-attribute map, a plevel override, the errors, a watcher, a rolled-back batch).
-Everything it registers happens inside `registry.scope()` and is undone.
+For each of `kiln.testing.models.mlp()` (batch 64, 784 -> 512 -> 512 -> 10,
+relu) and `kiln.testing.models.cnn()` (conv3x3-batch_norm-relu-maxpool twice,
+global average pool, dense 10; batch 1, 3x224x224) it prints the typed IR, the
+IR after relay.build's passes with the fusion report, compiles for the host
+CPU, checks the outputs against the reference interpreter
+(`relay.create_executor("debug", mod)`) and against numpy, and times kiln
+against numpy running the same model. A short table sums up, and the last
+lines show, for each op of the models, the fusion pattern and the kernel
+implementation the registry chose.
+
+`main(models, repeat)` takes the models to run, so tests run the same code on
+small ones (`small_models()`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import statistics
+import time
+from collections.abc import Callable, Sequence
 
 import attrs
+import numpy as np
 
-from kiln import registry
+from kiln import relay
+from kiln.cli import ProgressBar, after_build_passes
 from kiln.errors import KilnError
-from kiln.registry import Op, OpPattern, attr
-from kiln.target import Target, TargetTag
+from kiln.ir.module import IRModule
+from kiln.registry import Op, attr, select_implementation
+from kiln.relay.printer import astext
+from kiln.relay.transform.fuse_ops import PATTERN_NAMES
+from kiln.relay.visitor import post_order
+from kiln.target import Target
+from kiln.testing import models
+
+RTOL, ATOL = 1e-3, 1e-4  # float32 sums of a few thousand terms, in another order than numpy's
+
+
+class DemoError(KilnError, AssertionError):
+    """The compiled model disagrees with the reference: the demo's check failed."""
 
 
 @attrs.frozen
-class ScaleAttrs:
-    """Attributes of the demo op."""
+class DemoModel:
+    """A model of the demo: its Relay function and weights, an input, and numpy running the same model."""
 
-    factor: float = attrs.field(default=1.0, metadata={"doc": "the multiplier"})
+    name: str
+    description: str
+    func: relay.Function
+    params: dict[str, np.ndarray]
+    x: np.ndarray
+    numpy: Callable[[np.ndarray], np.ndarray]
+
+
+@attrs.frozen
+class ModelResult:
+    """What the demo measured for one model."""
+
+    name: str
+    kernels: int
+    compile_s: float
+    kiln_s: float
+    numpy_s: float
+    max_abs_error: float
+    ops: tuple[str, ...] = ()  # the ops left after the passes, which the kernels compute
+
+    @property
+    def speed_vs_numpy(self) -> float:
+        """numpy's time over kiln's: above 1, kiln is faster."""
+        return self.numpy_s / self.kiln_s
+
+
+def _model(name: str, description: str, built: tuple[relay.Function, dict[str, np.ndarray]],
+           x_shape: tuple[int, ...], numpy: Callable[[np.ndarray, dict[str, np.ndarray]], np.ndarray]) -> DemoModel:
+    func, params = built
+    x = np.random.default_rng(1).standard_normal(x_shape).astype("float32")
+    return DemoModel(name, description, func, params, x, lambda v: numpy(v, params))
+
+
+def default_models() -> list[DemoModel]:
+    """The two models of the main job, at full size."""
+    return [
+        _model("mlp", "batch 64, 784 -> 512 -> 512 -> 10, relu", models.mlp(), (64, 784), models.mlp_numpy),
+        _model("cnn", "batch 1, 3x224x224, (conv3x3-bn-relu-maxpool) x2, global avg pool, dense 10",
+               models.cnn(), (1, 3, 224, 224), models.cnn_numpy),
+    ]
+
+
+def small_models() -> list[DemoModel]:
+    """The same two models, small enough for the tests."""
+    return [
+        _model("mlp", "batch 4, 16 -> 8 -> 8 -> 3, relu", models.mlp(batch=4, sizes=(16, 8, 8, 3)), (4, 16),
+               models.mlp_numpy),
+        _model("cnn", "batch 1, 3x8x8, channels 4 and 4", models.cnn(size=8, channels=(4, 4)), (1, 3, 8, 8),
+               models.cnn_numpy),
+    ]
+
+
+def median_seconds(fn: Callable[[], object], repeat: int = 7, warmup: int = 1) -> float:
+    """The median wall time of `fn()` over `repeat` runs, after `warmup` untimed runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _section(title: str) -> None:
-    print(f"\n== {title}")
+    print(f"\n-- {title}")
 
 
-def _show_error(what: str, fn: Callable[[], object]) -> None:
+def _max_abs_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)))) if got.size else 0.0
+
+
+def _check(model: DemoModel, what: str, got: np.ndarray, want: np.ndarray) -> float:
+    """The max abs error of `got` against `want`; DemoError beyond tolerance, naming where they part."""
+    ok = got.shape == want.shape and np.allclose(got, want, rtol=RTOL, atol=ATOL)
+    err = _max_abs_error(got, want) if got.shape == want.shape else float("inf")
+    print(f"against {what}: max abs error {err:.3g} (rtol {RTOL:g}, atol {ATOL:g}): {'ok' if ok else 'MISMATCH'}")
+    if not ok:
+        from kiln.testing.compare import compare
+
+        where = compare(model.func, {"x": model.x}, model.params, rtol=RTOL, atol=ATOL)
+        raise DemoError(f"{model.name}: the compiled output differs from {what}"
+                        + (f"; {where}" if where is not None else ""))
+    return err
+
+
+def run_model(model: DemoModel, target: Target, repeat: int = 7) -> ModelResult:
+    """Shows, compiles, checks and times one model; prints as it goes.
+
+    Args:
+        model: the model and its input.
+        target: the llvm target to compile for.
+        repeat: how many timed runs each median takes.
+
+    Returns:
+        The measurements.
+
+    Raises:
+        DemoError: the compiled model's output is off the reference beyond tolerance.
+    """
+    print(f"\n======== {model.name}: {model.description}")
+    mod = relay.transform.InferType()(IRModule.from_expr(model.func))
+    _section("the IR as built with the Python API, typed (relay.transform.InferType)")
+    print(str(mod), end="")
+
+    fused, report = after_build_passes(mod, model.params)
+    _section("after relay.build's passes: weights bound as constants, simplified, fused "
+             "(large constants shown as meta[...])")
+    print(astext(fused, show_meta_data=False), end="")
+    _section("why the groups are what they are (relay.analysis.fusion_report, before FuseOps)")
+    print(report)
+
+    _section(f"compile for {target.kind.name} -mcpu={target['mcpu']}")
+    bar = ProgressBar(f"compiling {model.name}")
+    start = time.perf_counter()
     try:
-        fn()
-    except KilnError as err:
-        print(f"{what}\n  -> {type(err).__name__}: {err}")
-    else:
-        raise AssertionError(f"{what} was accepted")
+        lib = relay.build(model.func, target=target, params=model.params, progress=bar)
+    finally:
+        bar.finish()
+    compile_s = time.perf_counter() - start
+    print(f"{len(lib.kernels)} kernels in {compile_s:.2f} s (compiled kernels are cached on disk), "
+          f"intermediates planned into {lib.planned_bytes / 2**20:.2f} MiB")
+
+    _section("run and check")
+    ex = lib.create_executor()
+    got = ex(x=model.x)
+    assert isinstance(got, np.ndarray)
+    reference = relay.create_executor("debug", mod)(x=model.x, **model.params)
+    err = _check(model, "the reference interpreter", got, np.asarray(reference))
+    _check(model, "numpy", got, model.numpy(model.x))
+
+    _section(f"time (median of {repeat} runs)")
+    kiln_s = median_seconds(lambda: ex(x=model.x), repeat)
+    numpy_s = median_seconds(lambda: model.numpy(model.x), repeat)
+    ops = {node.op.name: None for node in post_order(fused["main"].body)
+           if isinstance(node, relay.Call) and isinstance(node.op, Op)}
+    result = ModelResult(model.name, len(lib.kernels), compile_s, kiln_s, numpy_s, err, tuple(ops))
+    print(f"kiln {kiln_s * 1e3:.3f} ms, numpy {numpy_s * 1e3:.3f} ms: "
+          f"kiln runs at {result.speed_vs_numpy:.2f}x numpy's speed")
+    return result
 
 
-def show_targets() -> None:
-    """Prints the detected host target and the GPU tags."""
-    _section("the host, as Target('llvm') detects it")
-    host = Target("llvm")
-    features = host["mattr"]
-    on = {f[1:] for f in features if f.startswith("+")}
-    simd = [f for f in ("sse4.2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512bf16") if f in on]
-    print(f"cpu {host['mcpu']}, triple {host['mtriple']}, {host['num-cores']} cores")
-    print(f"{len(on)} of {len(features)} LLVM features enabled; SIMD: {' '.join(simd)}")
-    print(f"str(target) is {len(str(host))} characters and parses back equal: {Target(str(host)) == host}")
-
-    _section("GPU targets by tag")
-    for name in TargetTag.list_names():
-        t = Target(name)
-        print(
-            f"{name:16} arch {t['arch']}, {t['multiprocessor-count']} SMs, "
-            f"{t['max-shared-memory-per-block'] // 1024} KiB shared/block  ({TargetTag.get(name).description})"
-        )
-    spec = "cuda -arch=sm_80 -max_threads_per_block=512"
-    print(f"Target({spec!r}) -> {Target(spec)}")
+def print_summary(results: Sequence[ModelResult]) -> None:
+    """The table of every model's kernels, compile time, run times and speed against numpy."""
+    print("\n======== summary")
+    print(f"{'model':6} {'kernels':>7} {'compile':>9} {'kiln':>11} {'numpy':>11} {'vs numpy':>9} {'max err':>9}")
+    for r in results:
+        print(f"{r.name:6} {r.kernels:7d} {r.compile_s:7.2f} s {r.kiln_s * 1e3:8.3f} ms {r.numpy_s * 1e3:8.3f} ms "
+              f"{r.speed_vs_numpy:8.2f}x {r.max_abs_error:9.2g}")
+    print("(vs numpy: numpy's time over kiln's, higher is better for kiln)")
 
 
-def show_registry() -> None:
-    """Registers a throwaway op and walks through the registry's rules."""
-    with registry.scope():
-        events: list[str] = []
-        watcher = registry.add_watcher(lambda e: events.append(f"{e.action} {e.name} {e.attr or ''} -> {e.outcome}"))
+def print_op_table(results: Sequence[ModelResult], target: Target) -> None:
+    """For each op the kernels compute: the TOpPattern that FuseOps read and the implementation lowering chose."""
+    print("\n======== the registry behind it (`kiln ops NAME` shows an op in full)")
+    print(f"  {'op':20} {'TOpPattern':22} implementation for {target.kind.name}, float32")
+    pattern = Op.get_attr_map(attr.TOpPattern)
+    for name in dict.fromkeys(name for r in results for name in r.ops):
+        op = Op.get(name)
+        pat = PATTERN_NAMES[pattern[op]] if op in pattern else "-"
         try:
-            _section("registering an op with one set_attr chain")
-            (
-                registry.register_op("demo.scale")
-                .describe("x * factor")
-                .set_num_inputs(1)
-                .add_argument("data", "Tensor", "the input")
-                .set_attrs_type(ScaleAttrs)
-                .add_type_rel("Identity", lambda arg_types, attrs: arg_types[0])
-                .set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
-                .set_attr(attr.FReference, lambda attrs, x: x * attrs.factor)
-            )
-            op = Op.get("demo.scale")
-            print(f"Op.get('demo.scale') is Op.get('demo.scale'): {op is Op.get('demo.scale')}")
-            pattern = Op.get_attr_map(attr.TOpPattern)
-            print(f"TOpPattern map: {pattern!r}, op in map: {op in pattern}, map[op] = {pattern[op].name}")
-            print(f"op.has_attr(FCompute): {op.has_attr(attr.FCompute)}")
-
-            _section("a user overrides a built-in attribute at a higher plevel")
-            registry.register_op("demo.scale").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)
-            print(f"map[op] = {pattern[op].name}; a lower plevel is ignored:")
-            registry.register_op("demo.scale").set_attr(attr.TOpPattern, OpPattern.INJECTIVE, plevel=5)
-            print(f"map[op] = {pattern[op].name}")
-
-            _section("what the registry refuses")
-            entry = registry.register_op("demo.scale")
-            _show_error(
-                "same key, same plevel twice:", lambda: entry.set_attr(attr.TOpPattern, OpPattern.BROADCAST, 20)
-            )
-            _show_error("a value of the wrong kind:", lambda: entry.set_attr(attr.TOpPattern, 3, plevel=30))
-            _show_error("a typo in a key name:", lambda: entry.set_attr("TOpPatern", OpPattern.ELEMWISE))
-            _show_error("a typo in an op name:", lambda: Op.get("demo.scael"))
-            _show_error("a bad op name:", lambda: registry.register_op("Demo.Scale"))
-
-            _section("a deferred batch is all or none")
-
-            def batch() -> None:
-                with registry.deferred():
-                    registry.register_op("demo.half").set_num_inputs(2).add_argument("a", "Tensor")
-
-            _show_error("an op declaring 2 inputs with 1 argument:", batch)
-            print(f"after the rollback, 'demo.half' registered: {'demo.half' in Op.list_names()}")
-
-            _section("the watcher saw every registration")
-            for line in events:
-                print(f"  {line}")
-
-            _section("kiln ops demo.scale")
-            print(registry.format_op(op))
-        finally:
-            registry.remove_watcher(watcher)
-    print(f"\nafter registry.scope(), 'demo.scale' registered: {'demo.scale' in Op.list_names()}")
+            impl = select_implementation(name, target.kind.name, ["float32"])
+        except KilnError as err:
+            print(f"  {name:20} {pat:22} none ({err})")
+            continue
+        site = f", {impl.site.file}:{impl.site.line}" if impl.site is not None else ""
+        print(f"  {name:20} {pat:22} {impl.name} (priority {impl.priority}{site})")
 
 
-def show_relay() -> None:
-    """Builds a small CNN with a symbolic batch, types it, prints it, parses it back, shows a type error."""
-    import numpy as np
+def main(demo_models: Sequence[DemoModel] | None = None, repeat: int = 7) -> list[ModelResult]:
+    """Runs the main job on `demo_models` (default: the MLP and the CNN at full size).
 
-    from kiln import relay
-    from kiln.relay.printer import astext
+    Args:
+        demo_models: the models; `small_models()` for a quick run.
+        repeat: how many timed runs each median takes.
 
-    rng = np.random.default_rng(0)
-    _section("a Relay model with a symbolic batch size, typed through the op relations")
-    x = relay.var("x", shape=("n", 3, 32, 32))
-    w = relay.const(rng.standard_normal((16, 3, 3, 3)).astype(np.float32))
-    h = relay.nn.relu(relay.nn.bias_add(relay.nn.conv2d(x, w, strides=(2, 2), padding=(1, 1)), relay.const(
-        np.zeros(16, np.float32))))
-    h = relay.nn.batch_flatten(relay.nn.global_avg_pool2d(h))
-    out = relay.nn.softmax(relay.nn.dense(h, relay.const(rng.standard_normal((10, 16)).astype(np.float32))))
-    mod = relay.transform.InferType()(relay.IRModule.from_expr(relay.Function([x], out)))
-    text = astext(mod, show_meta_data=False)
-    print(text.rstrip())
-    back = relay.parse(str(mod))
-    print(f"parse(str(mod)) is structurally equal to mod: {relay.structural_equal(back, mod)}")
-
-    _section("a type error names the op, the argument, expected against found, and shows the IR")
-    bad = relay.nn.dense(relay.var("data", shape=("n", 8)), relay.var("weight", shape=(4, 9)))
-    try:
-        relay.infer_type(relay.Function(relay.analysis.free_vars(bad), bad))
-    except relay.TypeInferenceError as err:
-        print(err)
-
-
-def main() -> None:
-    """Runs the tour."""
-    print("kiln demo: the registry, the targets and the Relay IR (code generation comes with later issues)")
-    show_targets()
-    show_registry()
-    show_relay()
+    Returns:
+        One result per model.
+    """
+    demo_models = default_models() if demo_models is None else list(demo_models)
+    target = Target("llvm")
+    print("kiln demo: models built with the Python API, fused, compiled to machine code for this CPU,")
+    print("checked against the reference interpreter and timed against numpy running the same model.")
+    print(f"host: {target['mcpu']}, {target['num-cores']} cores, triple {target['mtriple']}")
+    results = [run_model(m, target, repeat) for m in demo_models]
+    print_summary(results)
+    print_op_table(results, target)
+    print("\nThe same from the command line, for a model in the text format (what `str(mod)` prints):")
+    print("  kiln show model.txt --fusion")
+    print("  kiln compile model.txt --params weights.npz -o model.kiln")
+    print("  kiln run model.kiln --input x=x.npy --output y.npy")
+    return results

@@ -1,16 +1,19 @@
-"""The `kiln` command line and the registry export behind `kiln ops`."""
+"""The `kiln` command line: the registry export behind `kiln ops`, and `kiln show/compile/run` round trips."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import attrs
+import numpy as np
 import pytest
 
-from kiln import registry
-from kiln.cli import main
+from kiln import registry, relay
+from kiln.cli import ProgressBar, load_model, main
 from kiln.registry import OpPattern, attr, register_op
 
 
@@ -93,19 +96,6 @@ def test_target_command_shows_and_exports(capsys: pytest.CaptureFixture[str]) ->
     assert "expects a string (sm_XY" in capsys.readouterr().err
 
 
-def test_demo_runs_and_leaves_the_registry_as_it_was(capsys: pytest.CaptureFixture[str]) -> None:
-    before = registry.Op.list_names()
-    assert main(["demo"]) == 0
-    out = capsys.readouterr().out
-    assert "parses back equal: True" in out
-    assert "set twice at plevel 20" in out
-    assert "after the rollback, 'demo.half' registered: False" in out
-    assert "/* ty=Tensor[(n, 10), float32] */" in out
-    assert "parse(str(mod)) is structurally equal to mod: True" in out
-    assert "op nn.dense, argument weight" in out and "--> kiln/demo.py:" in out
-    assert registry.Op.list_names() == before
-
-
 def test_ops_lists_the_op_library(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ops", "--json"]) == 0
     names = [r["name"] for r in json.loads(capsys.readouterr().out)]
@@ -123,3 +113,222 @@ def test_the_installed_entry_point_runs() -> None:
     assert done.returncode == 0, done.stderr
     records = json.loads(done.stdout)
     assert len({r["name"] for r in records}) == len(records)
+
+
+# ---------------------------------------------------------------------------
+# kiln show / compile / run
+# ---------------------------------------------------------------------------
+
+MODEL = """\
+def @main(%x: Tensor[(4, 8), float32], %w: Tensor[(3, 8), float32], %b: Tensor[(3,), float32]) {
+  %0 = nn.dense(%x, %w);
+  %1 = nn.bias_add(%0, %b);
+  nn.relu(%1)
+}
+"""
+
+TWO_OUTPUTS = """\
+def @main(%x: Tensor[(2, 3), float32]) {
+  %0 = nn.relu(%x);
+  %1 = negative(%x);
+  (%0, %1)
+}
+"""
+
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    """The dense-bias-relu model as text, its weights as .npz, an input as .npy."""
+    model = tmp_path / "model.txt"
+    model.write_text(MODEL)
+    params = {"w": RNG.standard_normal((3, 8)).astype("float32"), "b": RNG.standard_normal(3).astype("float32")}
+    np.savez(tmp_path / "params.npz", **params)
+    np.save(tmp_path / "x.npy", RNG.standard_normal((4, 8)).astype("float32"))
+    return {"model": model, "params": tmp_path / "params.npz", "x": tmp_path / "x.npy", "dir": tmp_path}
+
+
+def _expected(files: dict[str, Path]) -> np.ndarray:
+    x, p = np.load(files["x"]), np.load(files["params"])
+    return np.maximum(x @ p["w"].T + p["b"], 0)
+
+
+def _compile(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> Path:
+    lib = files["dir"] / "model.kiln"
+    assert main(["compile", str(files["model"]), "--params", str(files["params"]), "-o", str(lib)]) == 0
+    err = capsys.readouterr().err
+    assert "kiln: compiled 1 kernel in" in err and "(inputs: x float32[4, 8]; 1 output)" in err
+    return lib
+
+
+def test_show_prints_the_typed_ir_which_parses_back(files: dict[str, Path],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", str(files["model"])]) == 0
+    out = capsys.readouterr().out
+    assert "%2 = nn.relu(%1) /* ty=Tensor[(4, 3), float32] */;" in out
+    assert "Primitive" not in out and "fusion of" not in out
+    assert relay.structural_equal(relay.parse(out), load_model(files["model"]))
+
+
+def test_show_fusion_prints_the_fused_ir_and_the_report(files: dict[str, Path],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["show", str(files["model"]), "--fusion"]) == 0
+    out = capsys.readouterr().out
+    fused = out.split("// after relay.build's passes")[1]
+    assert "Primitive=1" in fused and "nn.dense(%p0, %p1)" in fused
+    assert "fusion of @main: 1 groups" in fused
+    assert "group 0 [out-elemwise-fusable]: nn.dense, nn.bias_add, nn.relu" in fused
+    assert main(["show", str(files["model"]), "--fusion", "--params", str(files["params"])]) == 0
+    bound = capsys.readouterr().out.split("// after relay.build's passes")[1]
+    assert "def @main(%x: Tensor[(4, 8), float32]) {" in bound  # the weights are constants now
+    assert "meta[relay.Constant][0]" in bound
+
+
+def test_compile_with_params_then_run_matches_numpy(files: dict[str, Path],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    lib = _compile(files, capsys)
+    out = files["dir"] / "y.npy"
+    assert main(["run", str(lib), "--input", f"x={files['x']}", "--output", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out}: float32[4, 3]\n"
+    np.testing.assert_allclose(np.load(out), _expected(files), rtol=1e-5, atol=1e-6)
+    assert main(["run", str(lib), "-i", f"x={files['x']}"]) == 0
+    summary = capsys.readouterr().out.splitlines()
+    assert summary[0].startswith("output 0: float32[4, 3]  min 0  max ")
+    assert summary[1].startswith("  first values: ") and summary[1].endswith(", ...")
+
+
+def test_compile_without_params_leaves_the_weights_as_inputs(files: dict[str, Path],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    lib = files["dir"] / "open.kiln"
+    assert main(["compile", str(files["model"]), "-o", str(lib)]) == 0
+    assert "(inputs: x float32[4, 8], w float32[3, 8], b float32[3]; 1 output)" in capsys.readouterr().err
+    out = files["dir"] / "y.npz"
+    assert main(["run", str(lib), "-i", f"x={files['x']}", "-i", str(files["params"]), "-o", str(out)]) == 0
+    with np.load(out) as saved:
+        assert saved.files == ["output_0"]
+        np.testing.assert_allclose(saved["output_0"], _expected(files), rtol=1e-5, atol=1e-6)
+
+
+def test_several_outputs_go_to_numbered_npy_files_or_one_npz(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "two.txt").write_text(TWO_OUTPUTS)
+    x = np.arange(6, dtype="float32").reshape(2, 3) - 3
+    np.save(tmp_path / "x.npy", x)
+    lib = str(tmp_path / "two.kiln")
+    assert main(["compile", str(tmp_path / "two.txt"), "-o", lib]) == 0
+    assert main(["run", lib, "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npy")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "y_0.npy"), np.maximum(x, 0))
+    np.testing.assert_array_equal(np.load(tmp_path / "y_1.npy"), -x)
+    assert not (tmp_path / "y.npy").exists()
+    assert main(["run", lib, "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npz")]) == 0
+    with np.load(tmp_path / "y.npz") as saved:
+        assert saved.files == ["output_0", "output_1"]
+        np.testing.assert_array_equal(saved["output_1"], -x)
+    assert "wrote" in capsys.readouterr().out
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert captured.err.startswith("kiln: error: ")
+    return captured.err
+
+
+def test_run_refuses_missing_extra_and_misshapen_inputs(files: dict[str, Path],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    lib = str(_compile(files, capsys))
+    assert "missing input(s) x (float32[4, 8]); give each as --input NAME=FILE.npy" in _fails(["run", lib], capsys)
+    np.save(files["dir"] / "short.npy", np.zeros((4, 7), "float32"))
+    err = _fails(["run", lib, "-i", f"x={files['dir'] / 'short.npy'}"], capsys)
+    assert "input 'x': expected shape (4, 8), got (4, 7)" in err
+    np.save(files["dir"] / "wide.npy", np.zeros((4, 8)))
+    assert "expected dtype float32, got float64" in _fails(["run", lib, "-i", f"x={files['dir'] / 'wide.npy'}"],
+                                                           capsys)
+    err = _fails(["run", lib, "-i", f"x={files['x']}", "-i", f"y={files['x']}"], capsys)
+    assert "model has no input 'y'; its inputs are ['x']" in err
+    assert "No such file or directory: 'nope.npy'" in _fails(["run", lib, "-i", "x=nope.npy"], capsys)
+    assert "is not a numpy .npy or .npz file" in _fails(["run", lib, "-i", f"x={files['model']}"], capsys)
+    assert "expected NAME=FILE.npy or FILE.npz" in _fails(["run", lib, "-i", str(files["x"])], capsys)
+
+
+def test_corrupt_and_missing_library_files_are_clean_errors(files: dict[str, Path],
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    lib = _compile(files, capsys)
+    data = bytearray(lib.read_bytes())
+    data[-3] ^= 0xFF
+    lib.write_bytes(bytes(data))
+    assert "checksum mismatch" in _fails(["run", str(lib), "-i", f"x={files['x']}"], capsys)
+    assert "not a kiln library" in _fails(["run", str(files["model"]), "-i", f"x={files['x']}"], capsys)
+    err = _fails(["run", str(files["dir"] / "none.kiln")], capsys)
+    assert "cannot read the library: No such file or directory" in err
+
+
+def test_bad_models_and_params_are_clean_errors(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    bad = files["dir"] / "bad.txt"
+    bad.write_text(MODEL.replace("nn.relu", "nn.rellu"))
+    err = _fails(["show", str(bad)], capsys)
+    assert f"{bad}:4:3: unknown op 'nn.rellu' (did you mean 'nn.relu'" in err
+    assert "^^^^^^^^" in err  # the caret under the fault
+    assert "unknown op 'nn.rellu'" in _fails(["compile", str(bad), "-o", str(files["dir"] / "b.kiln")], capsys)
+    mistyped = files["dir"] / "mistyped.txt"
+    mistyped.write_text(MODEL.replace("%w: Tensor[(3, 8)", "%w: Tensor[(3, 9)"))
+    assert "op nn.dense, argument weight" in _fails(["show", str(mistyped)], capsys)
+    assert "cannot read the model: No such file or directory" in _fails(["show", "missing.txt"], capsys)
+    out = str(files["dir"] / "m.kiln")
+    np.savez(files["dir"] / "wrong.npz", w=np.zeros((3, 9), "float32"))
+    err = _fails(["compile", str(files["model"]), "--params", str(files["dir"] / "wrong.npz"), "-o", out], capsys)
+    assert "param 'w': expected Tensor[(3, 8), float32]" in err
+    np.savez(files["dir"] / "extra.npz", v=np.zeros(3, "float32"))
+    err = _fails(["compile", str(files["model"]), "--params", str(files["dir"] / "extra.npz"), "-o", out], capsys)
+    assert "params ['v'] are not parameters of main" in err
+    assert "must be an .npz archive" in _fails(["compile", str(files["model"]), "--params", str(files["x"]),
+                                                 "-o", out], capsys)
+    assert "cannot write the library" in _fails(["compile", str(files["model"]), "-o",
+                                                 str(files["dir"] / "no" / "m.kiln")], capsys)
+    assert "compiles for llvm targets so far" in _fails(["compile", str(files["model"]), "--target", "cuda",
+                                                         "-o", out], capsys)
+
+
+def test_progress_bar_animates_only_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    bar = ProgressBar("compiling", term, width=10)
+    for done in range(1, 4):
+        bar(done, 3)
+    bar.finish()
+    assert term.getvalue().split("\r")[1:] == [
+        "compiling [###.......] 1/3 kernels", "compiling [######....] 2/3 kernels",
+        "compiling [##########] 3/3 kernels\n"]
+    pipe = io.StringIO()
+    quiet = ProgressBar("compiling", pipe)
+    quiet(1, 3)
+    quiet.finish()
+    assert pipe.getvalue() == ""
+
+
+def test_compile_and_run_as_a_process_print_no_bar_and_no_traceback(files: dict[str, Path]) -> None:
+    lib = files["dir"] / "p.kiln"
+    done = subprocess.run(
+        [sys.executable, "-m", "kiln", "compile", str(files["model"]), "--params", str(files["params"]),
+         "-o", str(lib)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stderr and done.stderr.startswith("kiln: compiled 1 kernel in")
+    lib.write_bytes(lib.read_bytes()[:-10])
+    done = subprocess.run([sys.executable, "-m", "kiln", "run", str(lib), "-i", f"x={files['x']}"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"kiln: error: kiln library {str(lib)!r}: truncated")
+    assert "Traceback" not in done.stderr
+
+
+def test_run_help_documents_the_output_files(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "output_0" in text and "OUT_0.npy" in text and "FILE.npz" in text
