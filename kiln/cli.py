@@ -132,19 +132,20 @@ def after_build_passes(mod: IRModule, params: Mapping[str, Any] | None = None) -
         `relay.analysis.fusion_report` of the module just before FuseOps.
     """
     from kiln import relay
-    from kiln.relay.backend.build_module import _passes, bind_params
+    from kiln.relay.backend.build_module import bind_params, build_context, build_passes
 
     func = relay.infer_type(mod["main"])
     if not isinstance(func, relay.Function):
         raise CliError(f"main must be a function, not a {type(func).__name__}")
     if params:
         func = relay.infer_type(bind_params(func, params))
-    passes = _passes()
+    passes = build_passes()
     names = [p.info.name for p in passes]
     cut = names.index("FuseOps") if "FuseOps" in names else len(passes)
-    before = Sequential(passes[:cut], name="relay.build")(IRModule.from_expr(func))
-    report = relay.analysis.fusion_report(before)
-    return Sequential(passes[cut:], name="relay.build")(before), report
+    with build_context():
+        before = Sequential(passes[:cut], name="relay.build")(IRModule.from_expr(func))
+        report = relay.analysis.fusion_report(before)
+        return Sequential(passes[cut:], name="relay.build")(before), report
 
 
 class ProgressBar:

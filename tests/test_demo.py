@@ -22,7 +22,7 @@ def test_demo_shows_checks_and_times_both_models(capsys: pytest.CaptureFixture[s
                     "fusion_report", "======== summary", "the registry behind it"):
         assert heading in out
     assert "nn.batch_norm(%0, %bn0_gamma" in out  # before the passes
-    assert "Primitive=1" in out and "group 0 [out-elemwise-fusable]: nn.conv2d, multiply, add, nn.relu" in out
+    assert "Primitive=1" in out and "group 0 [out-elemwise-fusable]: nn.conv2d, add, nn.relu" in out
     assert out.count("against the reference interpreter: max abs error") == 2 and "MISMATCH" not in out
     assert "kiln runs at" in out and "x numpy's speed" in out
 

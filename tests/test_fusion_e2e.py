@@ -18,10 +18,10 @@ import pytest
 
 from kiln import relay
 from kiln.ir.module import IRModule
-from kiln.ir.transform import PassContext, Sequential
+from kiln.ir.transform import PassContext
 from kiln.registry import Op
 from kiln.relay.analysis import fusion_report
-from kiln.relay.backend.build_module import _passes, bind_params
+from kiln.relay.backend.build_module import optimize
 from kiln.relay.expr import Call, Expr, Function, Var
 from kiln.relay.visitor import post_order
 from kiln.runtime import Library
@@ -42,12 +42,8 @@ def compiled_groups(
 
     Runs what relay.build runs before lowering: params bound, then its pass pipeline.
     """
-    typed = relay.infer_type(func)
-    if params:
-        assert isinstance(typed, Function)
-        typed = relay.infer_type(bind_params(typed, params))
-    with PassContext(verify=True, config=dict(config or {})):
-        main = Sequential(_passes(), name="relay.build")(IRModule.from_expr(typed))["main"]
+    with PassContext(opt_level=3, verify=True, config=dict(config or {})):
+        main = optimize(func, params)["main"]
     assert isinstance(main, Function)
     groups = []
     for node in post_order(main.body):

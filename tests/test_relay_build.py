@@ -11,8 +11,9 @@ import pytest
 
 from kiln import relay, runtime
 from kiln.ir.transform import PassContext
-from kiln.registry import NoImplementationError, implementations, register_implementation
+from kiln.registry import NoImplementationError, Op, implementations, register_implementation
 from kiln.relay.backend.build_module import BuildError, build
+from kiln.relay.visitor import post_order
 
 RNG = np.random.default_rng(0)
 
@@ -148,3 +149,24 @@ def test_a_label_forces_an_implementation_and_a_missing_one_is_named() -> None:
         NoImplementationError, match=r"op 'nn.relu' has no implementation for target 'llvm', input dtypes "
                                      r"\['float32'\], label 'nope'; registered: generic \(target \*"):
         build(func)
+
+
+def _ops_after_optimize(func: relay.Function, params: dict[str, np.ndarray]) -> list[str]:
+    """The ops inside the primitive functions of `func` as relay.build compiles it."""
+    main = relay.optimize(func, params)["main"]
+    groups = [f for f in post_order(main) if isinstance(f, relay.Function) and f is not main]
+    return sorted(c.op.name for f in groups for c in post_order(f.body) if isinstance(c, relay.Call)
+                  and isinstance(c.op, Op))
+
+
+def test_build_folds_batch_norm_scale_into_conv_weights_by_default() -> None:
+    from kiln.testing import models
+
+    func, params = models.cnn(size=16)
+    # outside any PassContext relay.build runs at opt level 3: FoldScaleAxis folds batch_norm's scale
+    assert "multiply" not in _ops_after_optimize(func, params)
+    with PassContext(opt_level=2):  # a context the user entered is respected
+        assert "multiply" in _ops_after_optimize(func, params)
+    x = RNG.standard_normal((1, 3, 16, 16)).astype("float32")
+    got = relay.build(func, params=params).create_executor()(x=x)
+    np.testing.assert_allclose(got, models.cnn_numpy(x, params), rtol=1e-4, atol=1e-5)

@@ -117,6 +117,11 @@ class PassContext:
         stack: list[PassContext] = getattr(_LOCAL, "stack", [])
         return stack[-1] if stack else _DEFAULT
 
+    @staticmethod
+    def entered() -> bool:
+        """Whether this thread is inside a `with PassContext(...):` block."""
+        return bool(getattr(_LOCAL, "stack", []))
+
     def __enter__(self) -> PassContext:
         if not hasattr(_LOCAL, "stack"):
             _LOCAL.stack = []

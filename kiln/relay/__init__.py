@@ -9,7 +9,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.types import ANY, FuncType, IncompleteType, SizeVar, TensorType, TupleType, TypeVar
 from kiln.relay import analysis, transform
 from kiln.relay.analysis import structural_equal, structural_hash
-from kiln.relay.backend.build_module import build
+from kiln.relay.backend.build_module import build, optimize
 from kiln.relay.backend.interpreter import create_executor
 from kiln.relay.expr import (
     Call,
@@ -125,6 +125,7 @@ __all__ = [
     "const",
     "cos",
     "build",
+    "optimize",
     "create_executor",
     "divide",
     "equal",

@@ -82,11 +82,12 @@ def compare(
     if err is None:
         return None
     step = mod
-    for p in build_module._passes():
-        step = p(step)
-        perr = _error(create_executor("debug", step)(**inputs), want, rtol, atol)
-        if perr is not None:
-            return Mismatch("pass", f"the reference result changes after pass {p.info.name}", perr)
+    with build_module.build_context():
+        for p in build_module.build_passes():
+            step = p(step)
+            perr = _error(create_executor("debug", step)(**inputs), want, rtol, atol)
+            if perr is not None:
+                return Mismatch("pass", f"the reference result changes after pass {p.info.name}", perr)
     values: dict[int, Any] = {id(v): inputs[v.name_hint] for v in func.params}
     for node in post_order(func.body):
         if isinstance(node, rx.Constant):

@@ -1,7 +1,9 @@
 """`relay.build`: a Relay module to a `runtime.Library` of fused kernels and a planned graph.
 
 The steps: bind `params` as constants; run the optimization passes under the
-current `PassContext` (each pass runs only at or above its opt level); fuse;
+current `PassContext` (each pass runs only if its opt level is at most the
+context's; outside any `with PassContext(...)` relay.build uses opt level 3, as
+TVM's `relay.build` is used, so FoldScaleAxis runs); fuse;
 compile each primitive function (structurally equal ones once); walk the main
 function to lay out the graph's slots and launches; plan its memory.
 """
@@ -30,8 +32,8 @@ class BuildError(KilnError, ValueError):
     """A module relay.build cannot compile (free variables, unsupported constructs, bad params)."""
 
 
-def _passes() -> list[Any]:
-    """The optimization pipeline, in order (each pass is gated by its own opt level)."""
+def build_passes() -> list[Any]:
+    """relay.build's optimization pipeline, in order (each pass is gated by its own opt level)."""
     from kiln.relay import transform as t
 
     names = ["InferType", "SimplifyInference", "FoldConstant", "FoldScaleAxis", "FoldConstant",
@@ -64,6 +66,28 @@ def bind_params(func: rx.Function, params: Mapping[str, Any]) -> rx.Function:
         values[id(p)] = rx.const(arr)
     body = _Bind(values).visit(func.body)
     return rx.Function([p for p in func.params if id(p) not in values], body, func.ret_type)
+
+
+def build_context() -> PassContext:
+    """The context relay.build's passes run under: the current one, or opt level 3 outside any."""
+    return PassContext.current() if PassContext.entered() else PassContext(opt_level=3)
+
+
+def optimize(mod: IRModule | rx.Function, params: Mapping[str, Any] | None = None) -> IRModule:
+    """`mod` as relay.build compiles it: `params` bound as constants, then `build_passes()` (fused).
+
+    Raises:
+        BuildError: if main is not a function, or `params` do not match its parameters.
+    """
+    if isinstance(mod, rx.Function):
+        mod = IRModule.from_expr(mod)
+    func = infer_type(mod["main"])
+    if not isinstance(func, rx.Function):
+        raise BuildError(f"relay.build: main must be a Function, got {type(func).__name__}")
+    if params:
+        func = infer_type(bind_params(func, params))
+    with build_context():
+        return Sequential(build_passes(), name="relay.build")(IRModule.from_expr(func))
 
 
 class _GraphBuilder:
@@ -179,16 +203,7 @@ def build(
     tgt = target if isinstance(target, Target) else Target(target)
     if tgt.kind.name != "llvm":
         raise BuildError(f"relay.build compiles for llvm targets so far, got {tgt}")
-    if isinstance(mod, rx.Function):
-        mod = IRModule.from_expr(mod)
-    func = infer_type(mod["main"])
-    if not isinstance(func, rx.Function):
-        raise BuildError(f"relay.build: main must be a Function, got {type(func).__name__}")
-    if params:
-        func = infer_type(bind_params(func, params))
-    mod = IRModule.from_expr(func)
-    with PassContext.current():
-        mod = Sequential(_passes(), name="relay.build")(mod)
+    mod = optimize(mod, params)
     builder = _GraphBuilder(tgt, progress)
     graph = builder.build(mod["main"])
     return Library(graph, [k.module for k in builder.kernels], tgt)

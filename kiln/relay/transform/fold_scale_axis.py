@@ -13,9 +13,10 @@ result must have no other use, so no work is duplicated. The new weights are
 computed here, in numpy. After SimplifyInference and FoldConstant a
 conv2d → batch_norm becomes conv2d → add of a constant bias.
 
-This is the forward direction of TVM's FoldScaleAxis (a scale after the
-producer), in one rewrite; the backward direction (a scale on the input
-channels) is not done. Opt level 3, as TVM.
+This is TVM's BackwardFoldScaleAxis (a scale after the producer, folded back
+into its output channels), in one rewrite; the forward direction (a scale on
+the input channels) is not done. Opt level 3, as TVM; relay.build runs at opt
+level 3 unless a PassContext says otherwise.
 """
 
 from __future__ import annotations
