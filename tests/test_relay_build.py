@@ -170,3 +170,17 @@ def test_build_folds_batch_norm_scale_into_conv_weights_by_default() -> None:
     x = RNG.standard_normal((1, 3, 16, 16)).astype("float32")
     got = relay.build(func, params=params).create_executor()(x=x)
     np.testing.assert_allclose(got, models.cnn_numpy(x, params), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("dtype", "value"), [("float32", 0.1), ("float32", np.inf), ("float64", -2.5e-300),
+                                              ("int64", 2**40 + 3), ("int8", -128), ("bool", True)])
+def test_one_element_constants_become_immediates_not_kernel_arguments(dtype, value) -> None:
+    x = relay.var("x", shape=(5,), dtype=dtype)
+    c = relay.const(np.array([value], dtype=dtype))
+    op = relay.logical_or if dtype == "bool" else relay.maximum
+    lib = build(relay.Function([x], op(x, c)))
+    (kernel,) = lib.kernels
+    assert len(kernel.func.params) == 2  # x and the output only
+    xv = np.array([0, 1, 0, 1, 0], dtype=dtype) if dtype == "bool" else np.arange(5).astype(dtype) - 2
+    np.testing.assert_array_equal(lib.create_executor()(x=xv), np.logical_or(xv, value) if dtype == "bool"
+                                  else np.maximum(xv, np.array(value, dtype)))

@@ -7,8 +7,9 @@ its compute builds te tensors from the tensors of the call's arguments. The
 anchor is the call with the most general `TOpPattern` (the last among equals);
 the group's other stages without reductions are inlined (except a compute's
 internal stages marked `KEEP`, which its schedule places), and the anchor's
-implementation schedules the rest. Groups that are structurally equal (same
-ops, attrs, types) on the same target compile once.
+implementation schedules the rest. A constant of one element becomes an
+immediate in the code; larger constants are extra kernel arguments. Groups that
+are structurally equal (same ops, attrs, types) on the same target compile once.
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ class _Lowerer:
         self.inputs.append(t)
         return t
 
+    def _immediate(self, node: rx.Constant) -> te.Tensor:
+        """A one-element constant as a stage whose value is the constant: inlined, it is an immediate."""
+        value = node.data.reshape(()).item()
+        dtype = str(node.type.dtype)
+        return te.compute(self._shape(node.type, "a constant"), lambda *i: te.const(value, dtype), name="const")
+
     def run(self) -> tuple[te.Schedule, list[te.Tensor], list[te.Tensor]]:
         env: dict[int, list[te.Tensor]] = {}
         for p in self.func.params:
@@ -94,7 +101,9 @@ class _Lowerer:
                 if id(node) not in env:
                     raise LoweringError(f"free variable {node} in a primitive function")
                 continue
-            if isinstance(node, rx.Constant):
+            if isinstance(node, rx.Constant) and node.data.size == 1:
+                env[id(node)] = [self._immediate(node)]
+            elif isinstance(node, rx.Constant):
                 self.constants.append(np.array(node.data, copy=True))  # writeable, 0-d stays 0-d
                 env[id(node)] = [self._placeholder(node.type, f"const{len(self.constants)}", "a constant")]
             elif isinstance(node, rx.Tuple):
