@@ -1,4 +1,4 @@
-"""`kiln.build`: loop IR (or a te schedule) to a callable `runtime.Module`.
+"""`kiln.build`: loop IR (or a te schedule) to a callable `runtime.Module` (or `CudaModule`).
 
 The steps, in order: lower a schedule to a PrimFunc; look the kernel up in
 the cache (memory, then disk); otherwise generate LLVM IR
@@ -6,6 +6,12 @@ the cache (memory, then disk); otherwise generate LLVM IR
 emit object code for the host CPU's own target machine, store it; finally
 check that every external symbol resolves and load the code into its own JIT
 engine.
+
+On a cuda target, after the same loop-IR steps: generate CUDA C
+(`codegen.cuda`), compile it to a CUBIN for the target's arch with NVRTC
+(`codegen.nvrtc`, which caches CUBINs on disk), and wrap it in a
+`runtime.cuda_module.CudaModule`, which loads it onto the GPU on first call
+(so building needs no GPU).
 
 Parallel loops: libgomp's `GOMP_parallel` with an outlined body was chosen
 over a Python thread pool calling per-chunk functions through ctypes. On this
@@ -23,8 +29,9 @@ from typing import Any
 
 import attrs
 
-from kiln.codegen import cache, jit
+from kiln.codegen import cache, cuda, jit, nvrtc
 from kiln.codegen.llvm import emit_llvm_ir
+from kiln.runtime.cuda_module import CudaModule
 from kiln.runtime.module import Module
 from kiln.target import Target
 from kiln.tir.bounds_check import check_accesses
@@ -89,33 +96,51 @@ def compile_object(func: PrimFunc, target: Target) -> tuple[bytes, list[str], di
     return obj, symbols, sources
 
 
+def build_cuda(prim: PrimFunc, target: Target) -> CudaModule:
+    """Compiles optimized loop IR (`optimize_tir`) into CUDA kernels for cuda target `target`.
+
+    Raises:
+        CodegenError: for loop IR the cuda back end cannot compile (e.g. a loop not bound to a GPU thread).
+        CudaArchError: when the target names no arch and the machine has no GPU.
+        NVRTCError: when NVRTC rejects the generated source (a bug of the code generator).
+    """
+    code = cuda.generate(prim, target)
+    arch = nvrtc.resolve_arch(target)
+    cubin = nvrtc.compile_cuda(code.source, arch, name=prim.name)
+    return CudaModule(prim, target, code, cubin, arch)
+
+
 def build(
     func: Any,
     args: Any = None,
     target: str | Target = "llvm",
     name: str | None = None,
-) -> Module:
+) -> Any:  # Module | CudaModule; Any until relay's CompiledKernel (typed `Module`) accepts both
     """Compiles a PrimFunc (or a te schedule with its `args`) into a callable Module.
 
     Args:
         func: a `tir.PrimFunc`, or a te schedule that `kiln.te.lower(func, args)` lowers.
         args: the schedule's argument tensors (ignored for a PrimFunc).
-        target: an llvm target (default: the host CPU).
+        target: an llvm target (default: the host CPU), or a cuda target ("cuda -arch=sm_90", "nvidia/h100").
         name: the kernel's name (default: the PrimFunc's).
 
     Returns:
-        The compiled kernel; `module(*arrays)` runs it.
+        The compiled kernel: a `Module` on llvm targets, a `CudaModule` on cuda targets;
+        `module(*arrays)` runs it.
 
     Raises:
-        CodegenError: for loop IR the llvm back end cannot compile, or a non-llvm target.
+        CodegenError: for loop IR the back end cannot compile, or a target kind without a back end.
         UnresolvedSymbolError: when the code calls a symbol no loaded library defines.
+        CudaArchError, NVRTCError: on cuda targets (see `build_cuda`).
     """
     prim = optimize_tir(_as_prim_func(func, args))
     if name is not None and name != prim.name:
         prim = attrs.evolve(prim, name=name)
     tgt = target if isinstance(target, Target) else Target(target)
+    if tgt.kind.name == "cuda":
+        return build_cuda(prim, tgt)
     if tgt.kind.name != "llvm":
-        raise jit.CodegenError(f"build: kiln.build compiles for llvm targets, got {tgt}")
+        raise jit.CodegenError(f"build: kiln.build compiles for llvm and cuda targets, got {tgt}")
     use_cache = cache.enabled()
     key = cache.cache_key(str(prim), tgt)
     store = cache.KERNEL_CACHE

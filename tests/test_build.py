@@ -64,8 +64,8 @@ def test_get_source_formats(module):
         module.get_source("ptx")
 
 
-def test_build_rejects_non_llvm_targets_and_other_objects(no_cache):
-    with pytest.raises(KilnError, match="llvm targets"):
+def test_build_refuses_unbound_loops_on_cuda_and_other_objects(no_cache):
+    with pytest.raises(KilnError, match="not bound to a GPU thread"):
         kiln.build(_func(), target="cuda -arch=sm_90")
     with pytest.raises(KilnError):
         kiln.build(42)

@@ -1,0 +1,263 @@
+"""`CudaModule`: compiled CUDA kernels of one PrimFunc, launched through cupy.
+
+`module(*arrays)` takes one array per buffer parameter, in order, like the CPU
+`kiln.runtime.Module`, and checks each the same way before any kernel runs
+(dtype, ndim, static dims, consistent symbolic dims, C-contiguous, aligned, no
+overlap with another argument), raising `ArgumentError` that names the
+kernel and the parameter.
+
+Arrays: cupy arrays are used in place, on the current device and stream.
+numpy arrays are accepted too, with the CPU module's semantics: each is
+copied to the device, and after the kernels ran, the parameters that some
+kernel writes are copied back into their numpy arrays (which must then be
+writeable). So `mod(a, b, out)` works on numpy arrays as on the CPU, at the
+cost of the copies; pass cupy arrays to keep data on the GPU. Returns None.
+
+The kernels run in order on the current cupy stream, with the device
+workspaces the PrimFunc's top-level global temporaries need (from cupy's
+memory pool, per call). The CUBIN is loaded onto a device on first call, so
+building needs no GPU; cupy is imported on first call, never when kiln is
+imported.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from kiln.codegen import nvrtc
+from kiln.codegen.cuda_host import GRID_LIMITS, CudaCode, KernelSpec, eval_int
+from kiln.errors import KilnError
+from kiln.runtime.module import ArgumentError, numpy_dtype
+from kiln.target import Target
+from kiln.tir.expr import IntImm, Var
+from kiln.tir.stmt import PrimFunc
+
+_INT32_MAX = 2**31 - 1
+_DEFAULT_SHARED = 48 * 1024  # kernels needing more must raise their dynamic shared memory limit
+
+
+class CudaLaunchError(KilnError, RuntimeError):
+    """A kernel that cannot run on this device (wrong architecture, grid too large)."""
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as exc:
+        raise nvrtc.CudaUnavailableError(
+            f"running CUDA kernels needs cupy ({exc}); install kiln's cuda extra: pip install 'kiln[cuda]'"
+        ) from exc
+    if not cupy.cuda.is_available():
+        raise nvrtc.CudaUnavailableError(
+            "running CUDA kernels needs a GPU, and cupy finds none on this machine (cupy.cuda.is_available() "
+            "is False); the module's CUDA source and CUBIN are available without one"
+        )
+    return cupy
+
+
+class _Param:
+    """What one parameter accepts: dtype, and per dim a static size or a symbolic Var."""
+
+    def __init__(self, func: PrimFunc, index: int) -> None:
+        buf = func.params[index]
+        self.name = buf.name
+        self.dtype = numpy_dtype(buf.dtype)
+        self.dims: list[int | Var] = []
+        for d in buf.shape:
+            if isinstance(d, IntImm):
+                self.dims.append(int(d.value))
+            elif isinstance(d, Var):
+                self.dims.append(d)
+            else:
+                raise ArgumentError(f"kernel {func.name!r}: parameter {buf.name} has dim {d}; "
+                                    "dims must be constants or size variables")
+        self.shape_text = "(" + ", ".join(d.name if isinstance(d, Var) else str(d) for d in self.dims) + ")"
+
+
+class CudaModule:
+    """The CUDA kernels of one PrimFunc: call it with cupy (or numpy) arrays; read its code with `get_source`."""
+
+    def __init__(self, func: PrimFunc, target: Target, code: CudaCode, cubin: bytes, arch: str) -> None:
+        """Holds the compiled kernels; nothing touches a GPU until the first call.
+
+        Args:
+            func: the loop IR (its params define the calling convention).
+            target: the cuda target it was compiled for.
+            code: the generated CUDA C and its launch table (`kiln.codegen.cuda.generate`).
+            cubin: the CUBIN NVRTC made of `code.source`.
+            arch: the `sm_XY` the CUBIN is for.
+        """
+        self.func = func
+        self.name = func.name
+        self.target = target
+        self.code = code
+        self.cubin = cubin
+        self.arch = arch
+        self.kernels: tuple[KernelSpec, ...] = code.kernels
+        self._params = [_Param(func, i) for i in range(len(func.params))]
+        self._lock = threading.Lock()
+        self._loaded: dict[int, list[Any]] = {}  # device id -> the kernels' cupy Functions (keeping the Module)
+
+    @property
+    def device_type(self) -> str:
+        """Where the kernels run: "cuda"."""
+        return "cuda"
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{p.name}: {p.dtype}{p.shape_text}" for p in self._params)
+        kernels = ", ".join(k.name for k in self.kernels)
+        return f"<kiln.runtime.CudaModule {self.name}({params}) for {self.arch}: {kernels}>"
+
+    def get_source(self, fmt: str = "cuda") -> str:
+        """The code: "cuda" (CUDA C), "ptx" (compiled by NVRTC on demand) or "tir" (loop IR).
+
+        Raises:
+            ValueError: for another format.
+        """
+        if fmt == "cuda":
+            return self.code.source
+        if fmt == "tir":
+            return str(self.func)
+        if fmt == "ptx":
+            return nvrtc.compile_ptx(self.code.source, self.arch, name=self.name)
+        raise ValueError(f"get_source: format is 'cuda', 'ptx' or 'tir', got {fmt!r}")
+
+    # -- running ----------------------------------------------------------------------------
+    def __call__(self, *arrays: Any) -> None:
+        """Runs the kernels on `arrays` (one per buffer parameter, in order), in place.
+
+        Raises:
+            ArgumentError: when an array does not fit its parameter.
+            CudaUnavailableError: without cupy or a GPU.
+            CudaLaunchError: when the CUBIN cannot run on the current device.
+        """
+        cupy = _cupy()
+        sizes = self._check(cupy, arrays)
+        functions = self._functions(cupy)
+        device = [a if isinstance(a, cupy.ndarray) else cupy.asarray(a) for a in arrays]
+        env = {id(v): n for v, n in zip(self.code.size_vars, sizes, strict=True)}
+        workspaces = [cupy.empty(max(eval_int(b.shape[0], env), 0), dtype=numpy_dtype(b.dtype))
+                      for b in self.code.workspaces]
+        for spec, fn in zip(self.kernels, functions, strict=True):
+            grid = self._grid(spec, env)
+            if 0 in grid:
+                continue
+            args: list[Any] = []
+            for arg in spec.args:
+                if arg.kind == "param":
+                    args.append(device[arg.index])
+                elif arg.kind == "workspace":
+                    args.append(workspaces[arg.index])
+                else:
+                    args.append(np.int64(sizes[arg.index]))
+            fn(grid, spec.block, tuple(args), shared_mem=spec.shared_bytes)
+        for i in sorted(self.code.written):
+            if not isinstance(arrays[i], cupy.ndarray):
+                np.copyto(arrays[i], device[i].get())
+
+    def _grid(self, spec: KernelSpec, env: dict[int, int]) -> tuple[int, int, int]:
+        dims: list[int] = []
+        for axis, (extents, limit) in enumerate(zip(spec.grid, GRID_LIMITS, strict=True)):
+            n = max((eval_int(e, env) for e in extents), default=1)
+            if n > limit:
+                raise CudaLaunchError(f"kernel {spec.name}: blockIdx.{'xyz'[axis]} extent {n} exceeds the CUDA "
+                                      f"limit of {limit} for these sizes")
+            dims.append(max(n, 0))
+        return dims[0], dims[1], dims[2]
+
+    def _functions(self, cupy: Any) -> list[Any]:
+        """The kernels as cupy Functions on the current device, loading the CUBIN there once."""
+        dev = cupy.cuda.Device()
+        with self._lock:
+            loaded = self._loaded.get(dev.id)
+            if loaded is not None:
+                return loaded
+            cc = str(dev.compute_capability)
+            want = self.arch[3:].rstrip("af")
+            # a CUBIN runs on its own major version, at its minor version or later ("a"/"f" CUBINs: exactly)
+            if cc[:-1] != want[:-1] or cc[-1] < want[-1] or (self.arch[-1] in "af" and cc != want):
+                raise CudaLaunchError(f"kernel {self.name!r} was compiled for {self.arch}, but device {dev.id} "
+                                      f"is sm_{cc}; build it for Target('cuda -arch=sm_{cc}')")
+            from cupy.cuda import driver, function
+
+            module = function.Module()
+            module.load(self.cubin)
+            fns = []
+            for spec in self.kernels:
+                fn = module.get_function(spec.name)
+                if spec.shared_bytes > _DEFAULT_SHARED:
+                    driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                            spec.shared_bytes)
+                fns.append(fn)
+            self._loaded[dev.id] = fns
+            return fns
+
+    # -- argument checks -----------------------------------------------------------------
+    def _fail(self, param: _Param | None, message: str) -> ArgumentError:
+        where = f"kernel {self.name!r}" + (f", parameter {param.name!r}" if param is not None else "")
+        return ArgumentError(f"{where}: {message}")
+
+    def _check(self, cupy: Any, arrays: tuple[Any, ...]) -> list[int]:
+        params = self._params
+        if len(arrays) != len(params):
+            names = ", ".join(p.name for p in params)
+            raise self._fail(None, f"expected {len(params)} arrays ({names}), got {len(arrays)}")
+        bound: dict[int, tuple[int, str]] = {}
+        current = cupy.cuda.Device().id
+        for i, (p, a) in enumerate(zip(params, arrays, strict=True)):
+            on_gpu = isinstance(a, cupy.ndarray)
+            if not on_gpu and not isinstance(a, np.ndarray):
+                raise self._fail(p, f"expected a cupy.ndarray (or numpy.ndarray) of {p.dtype}{p.shape_text}, "
+                                    f"got {type(a).__name__}")
+            if a.dtype != p.dtype:
+                raise self._fail(p, f"expected dtype {p.dtype}, got {a.dtype}")
+            if a.ndim != len(p.dims):
+                raise self._fail(p, f"expected {len(p.dims)} dims {p.shape_text}, got {a.ndim} dims {a.shape}")
+            for axis, (want, got) in enumerate(zip(p.dims, a.shape, strict=True)):
+                if isinstance(want, int):
+                    if got != want:
+                        raise self._fail(p, f"expected shape {p.shape_text}, got {a.shape} (dim {axis})")
+                    continue
+                prev = bound.get(id(want))
+                if prev is None:
+                    if got > _INT32_MAX and want.dtype == "int32":
+                        raise self._fail(p, f"dim {axis} ({want.name}) = {got} exceeds the kernel's int32 sizes")
+                    bound[id(want)] = (got, f"{p.name}.shape[{axis}]")
+                elif prev[0] != got:
+                    raise self._fail(p, f"size {want.name} is {prev[0]} from {prev[1]} but {got} here "
+                                        f"(shape {a.shape}, expected {p.shape_text})")
+            if not a.flags.c_contiguous:
+                raise self._fail(p, f"expected a C-contiguous array, got strides {a.strides} "
+                                    f"(use {'cupy' if on_gpu else 'np'}.ascontiguousarray)")
+            if on_gpu:
+                if a.device.id != current:
+                    raise self._fail(p, f"the array is on device {a.device.id}, the kernels run on the current "
+                                        f"device {current} (use `with cupy.cuda.Device({a.device.id}):`)")
+                if a.data.ptr % a.dtype.itemsize:
+                    raise self._fail(p, "expected an aligned array")
+            else:
+                if not a.flags.aligned:
+                    raise self._fail(p, "expected an aligned array")
+                if i in self.code.written and not a.flags.writeable:
+                    raise self._fail(p, "expected a writeable array (a kernel writes this parameter)")
+        self._check_overlap(cupy, arrays)
+        return [bound[id(v)][0] for v in self.code.size_vars]
+
+    def _check_overlap(self, cupy: Any, arrays: tuple[Any, ...]) -> None:
+        """Refuses arguments that share memory: the kernels' pointers are `__restrict__`."""
+        for i in range(len(arrays)):
+            for j in range(i):
+                a, b = arrays[i], arrays[j]
+                if not a.size or not b.size or isinstance(a, cupy.ndarray) != isinstance(b, cupy.ndarray):
+                    continue
+                if isinstance(a, cupy.ndarray):
+                    lo_a, lo_b = a.data.ptr, b.data.ptr
+                    shared = a.device.id == b.device.id and lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes
+                else:
+                    shared = bool(np.may_share_memory(a, b))
+                if shared:
+                    raise self._fail(self._params[i], f"shares memory with parameter {self._params[j].name!r}; "
+                                                      "kernels need distinct arrays")
