@@ -118,7 +118,7 @@ class Graph:
 class Library:
     """A compiled model: its graph and kernels. `create_executor()` runs it; `export(path)` saves it."""
 
-    def __init__(self, graph: Graph, kernels: Sequence[Module], target: Target) -> None:
+    def __init__(self, graph: Graph, kernels: Sequence[Any], target: Target) -> None:
         self.graph = graph
         self.kernels = list(kernels)
         self.target = target
@@ -133,7 +133,13 @@ class Library:
         return GraphExecutor(self)
 
     def export(self, path: str | Path) -> None:
-        """Writes the library (graph, object code, constants) to one file that `load` reads back."""
+        """Writes the library (graph, object code, constants) to one file that `load` reads back.
+
+        Raises:
+            ExecutorError: for a cuda library (its export is not written yet).
+        """
+        if self.target.kind.name != "llvm":
+            raise ExecutorError(f"export writes llvm libraries only so far; this one is for {self.target}")
         blobs: list[bytes] = []
 
         def blob(data: bytes) -> int:
@@ -213,16 +219,60 @@ def load(path: str | Path) -> Library:
     return Library(graph, kernels, target)
 
 
+class _Host:
+    """The arrays of an llvm library: numpy, buffers aligned for vector loads."""
+
+    ndarray = np.ndarray
+
+    @staticmethod
+    def buffer(nbytes: int) -> Any:
+        return _aligned(nbytes)
+
+    @staticmethod
+    def empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        return np.empty(shape, dtype)
+
+    @staticmethod
+    def put(arr: np.ndarray) -> Any:
+        return np.array(arr, copy=True)  # writeable, as kernel arguments must be
+
+
+class _Device:
+    """The arrays of a cuda library: cupy arrays on the current device."""
+
+    def __init__(self) -> None:
+        from kiln.runtime.cuda_module import _cupy
+
+        self.cupy = _cupy()
+        self.ndarray = self.cupy.ndarray
+
+    def buffer(self, nbytes: int) -> Any:
+        return self.cupy.empty(nbytes, dtype=np.uint8)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+        return self.cupy.empty(shape, dtype=dtype)
+
+    def put(self, arr: np.ndarray) -> Any:
+        return self.cupy.asarray(arr)
+
+
 class GraphExecutor:
-    """Runs a `Library`: `set_input`, `run`, `get_output`, or `ex(**inputs)` for the outputs."""
+    """Runs a `Library`: `set_input`, `run`, `get_output`, or `ex(**inputs)` for the outputs.
+
+    On an llvm library the arrays are numpy arrays. On a cuda library inputs may
+    be numpy or cupy arrays (numpy ones are copied to the device), the
+    intermediates live in device buffers, and outputs are cupy arrays
+    (`.get()` copies one to numpy).
+    """
 
     def __init__(self, lib: Library) -> None:
         self.lib = lib
         g = lib.graph
-        self._buffers = [_aligned(n) for n in g.storage_sizes]
-        self._values: list[np.ndarray | None] = [None] * len(g.slots)
+        self._xp: Any = _Device() if lib.target.kind.name == "cuda" else _Host()
+        self._buffers = [self._xp.buffer(n) for n in g.storage_sizes]
+        self._values: list[Any] = [None] * len(g.slots)
         for s, arr in g.constants.items():
-            self._values[s] = np.array(arr, copy=True)  # writeable, as kernel arguments must be
+            self._values[s] = self._xp.put(arr)
         for s, slot in enumerate(g.slots):
             if slot.kind == "temp":
                 buf = self._buffers[slot.storage]
@@ -255,12 +305,14 @@ class GraphExecutor:
         if s is None:
             raise ExecutorError(f"model has no input {name!r}; its inputs are {self.input_names}")
         slot = self.lib.graph.slots[s]
-        arr = np.asarray(value)
+        arr = value if isinstance(value, self._xp.ndarray) else np.asarray(value)
         if arr.dtype != numpy_dtype(slot.dtype):
             raise ExecutorError(f"input {name!r}: expected dtype {slot.dtype}, got {arr.dtype}")
         if arr.shape != slot.shape:
             raise ExecutorError(f"input {name!r}: expected shape {slot.shape}, got {arr.shape}")
-        self._values[s] = arr if arr.flags.c_contiguous and arr.flags.writeable else np.array(arr, copy=True)
+        if not isinstance(arr, self._xp.ndarray) or not arr.flags.c_contiguous or not arr.flags.writeable:
+            arr = self._xp.put(arr)
+        self._values[s] = arr
 
     def run(self, **inputs: Any) -> None:
         """Runs every launch in order (after binding `inputs`, if given)."""
@@ -274,11 +326,11 @@ class GraphExecutor:
         fresh: dict[int, np.ndarray] = {}
         for s, slot in enumerate(g.slots):
             if slot.kind == "output":
-                fresh[s] = values[s] = np.empty(slot.shape, numpy_dtype(slot.dtype))
+                fresh[s] = values[s] = self._xp.empty(slot.shape, numpy_dtype(slot.dtype))
         for launch in g.launches:
             slots = (*launch.inputs, *launch.outputs)
             # a value passed twice (add(x, x)) goes the second time as a copy: kernel pointers are noalias
-            args = [values[s] if s not in slots[:n] else np.array(values[s], copy=True) for n, s in enumerate(slots)]
+            args = [values[s] if s not in slots[:n] else values[s].copy() for n, s in enumerate(slots)]
             self.lib.kernels[launch.kernel](*args)
         # an output that is an input, a constant or another output's value is returned as a copy
         seen: set[int] = set()
@@ -286,7 +338,7 @@ class GraphExecutor:
         for s in g.outputs:
             v = values[s]
             assert v is not None
-            outs.append(v if s in fresh and s not in seen else np.array(v, copy=True))
+            outs.append(v if s in fresh and s not in seen else v.copy())
             seen.add(s)
         self._outputs = outs
 

@@ -193,7 +193,8 @@ def build(
 
     Args:
         mod: an IRModule (its "main") or a Function.
-        target: an llvm target (default: the host CPU).
+        target: an llvm target (default: the host CPU) or a cuda one (`"cuda -arch=sm_90"`, `"nvidia/h100"`;
+            compiling needs no GPU, running does).
         params: values of main's parameters to bind as constants (weights).
         progress: called as `progress(done, total)` after each kernel compiles.
 
@@ -201,8 +202,8 @@ def build(
         The `runtime.Library`; `lib.create_executor()` runs it.
     """
     tgt = target if isinstance(target, Target) else Target(target)
-    if tgt.kind.name != "llvm":
-        raise BuildError(f"relay.build compiles for llvm targets so far, got {tgt}")
+    if tgt.kind.name not in ("llvm", "cuda"):
+        raise BuildError(f"relay.build compiles for llvm and cuda targets, got {tgt}")
     mod = optimize(mod, params)
     builder = _GraphBuilder(tgt, progress)
     graph = builder.build(mod["main"])

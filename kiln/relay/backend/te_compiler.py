@@ -19,10 +19,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
 import kiln
 from kiln import te
+from kiln.codegen.cuda_host import bound_tags
 from kiln.errors import KilnError
 from kiln.ir.transform import PassContext, register_config
 from kiln.ir.types import SymDim, TensorType, TupleType, Type
@@ -31,8 +33,9 @@ from kiln.relay import expr as rx
 from kiln.relay.analysis import structural_hash
 from kiln.relay.op._schedule import KEEP, schedule_injective
 from kiln.relay.visitor import post_order
-from kiln.runtime.module import Module
 from kiln.target import Target
+from kiln.tir import expr as tx
+from kiln.tir.stmt import Allocate, For, ForKind, SeqStmt, Stmt
 
 USE_LABEL = "relay.backend.use_label"
 register_config(USE_LABEL, dict, "op name -> the implementation label lowering must use for it")
@@ -171,7 +174,7 @@ class _Lowerer:
 class CompiledKernel:
     """One compiled primitive function: call it with numpy inputs, get numpy outputs."""
 
-    def __init__(self, name: str, module: Module, n_inputs: int, constants: list[np.ndarray],
+    def __init__(self, name: str, module: Any, n_inputs: int, constants: list[np.ndarray],
                  out_types: list[TensorType]) -> None:
         self.name = name
         self.module = module
@@ -185,6 +188,21 @@ class CompiledKernel:
             outs = [np.empty([d for d in ty.shape if isinstance(d, int)], str(ty.dtype)) for ty in self.out_types]
         self.module(*inputs, *self.constants, *outs)
         return list(outs)
+
+
+def _one_thread_nests(body: Stmt) -> Stmt:
+    """On a GPU: each top-level statement without a thread-bound loop becomes a kernel of one thread.
+
+    A 0-d stage (a full reduction to a scalar) has no axis that a schedule could
+    bind; it runs, serially, on one GPU thread.
+    """
+    if isinstance(body, SeqStmt):
+        return SeqStmt([_one_thread_nests(x) for x in body.stmts])
+    if isinstance(body, Allocate) and body.buffer.scope == "global":
+        return attrs.evolve(body, body=_one_thread_nests(body.body))
+    if bound_tags(body):
+        return body
+    return For(tx.Var("one_thread"), tx.const(0), tx.const(1), ForKind.THREAD_BINDING, body, "threadIdx.x")
 
 
 _CACHE: OrderedDict[tuple[int, str], list[tuple[rx.Function, CompiledKernel]]] = OrderedDict()
@@ -208,7 +226,10 @@ def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: st
                 _CACHE.move_to_end(key)
                 return kernel
     sch, inputs, outs = lowerer.run()
-    module = kiln.build(sch, [*inputs, *outs], target=tgt, name=name)
+    prim: Any = te.lower(sch, [*inputs, *outs], name=name)
+    if tgt.kind.name == "cuda":
+        prim = attrs.evolve(prim, body=_one_thread_nests(prim.body))
+    module = kiln.build(prim, target=tgt, name=name)
     out_types = [TensorType([int(getattr(d, "value", 0)) for d in t.shape], t.dtype) for t in outs]
     kernel = CompiledKernel(name, module, len(func.params), lowerer.constants, out_types)
     with _CACHE_LOCK:

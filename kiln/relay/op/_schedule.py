@@ -4,7 +4,8 @@ Every op registers its te compute in its own place (`relay/op/<family>.py`)
 with `register_compute(name, compute)`: that sets the op's `FCompute` and adds
 a "generic" implementation whose schedule follows the op's `TOpPattern`
 (`schedule_injective` for elementwise, broadcast and injective ops,
-`schedule_reduce` for reductions, `schedule_generic` otherwise). Ops with
+`schedule_reduce` for reductions, `schedule_generic` otherwise), and a
+"generic" implementation for the `cuda` target (`schedule_cuda`). Ops with
 better schedules pass `schedule=` or register more implementations with
 `registry.register_implementation`.
 
@@ -134,6 +135,41 @@ def default_schedule(pattern: OpPattern) -> Callable[..., None]:
     return schedule_generic
 
 
+_CUDA_THREADS = 256  # threads per block of the generic GPU schedule
+
+
+def bind_stage_cuda(sch: te.Schedule, t: te.Tensor, threads: int = _CUDA_THREADS) -> None:
+    """One GPU thread per element of `t`: its axes fused, split into blocks of `threads`.
+
+    The reductions of the stage, if any, run as serial loops in each thread. A
+    0-d stage gets a one-element axis to bind.
+    """
+    stage = sch[t]
+    axes = list(stage.op.axis)
+    if not axes:
+        return
+    fused = axes[0] if len(axes) == 1 else stage.fuse(*axes)
+    size = _static_size(t)
+    block, thread = stage.split(fused, factor=min(threads, size) if size else threads)
+    stage.bind(block, te.thread_axis("blockIdx.x"))
+    stage.bind(thread, te.thread_axis("threadIdx.x"))
+
+
+def schedule_cuda(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                  target: Target) -> None:
+    """The generic GPU schedule, for any op: every stage left at the root gets one thread per element.
+
+    Injective groups run as one flattened grid. Reductions and other ops get a
+    thread per output element with the reduction serial in it: correct for
+    every op, fast for injective ones; ops with better GPU schedules register
+    them as `cuda` implementations.
+    """
+    del anchor_outs, outs, target
+    for stage in list(sch.stages):
+        if stage.attach_type is te.AttachType.ROOT:
+            bind_stage_cuda(sch, stage.op.output())
+
+
 def register_compute(
     name: str, compute: Callable[..., Any], schedule: Callable[..., None] | None = None, plevel: int = 10
 ) -> None:
@@ -150,6 +186,7 @@ def register_compute(
     if schedule is None:
         schedule = default_schedule(op.get_attr(attr.TOpPattern, OpPattern.OPAQUE))
     register_implementation(name, compute, schedule, name="generic", priority=0)
+    register_implementation(name, compute, schedule_cuda, name="generic", target="cuda", priority=0)
 
 
 def split_epilogue(sch: te.Schedule, anchor: te.Tensor, outs: Sequence[te.Tensor],
