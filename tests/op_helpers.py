@@ -65,3 +65,65 @@ def check_build(op: str, *arrays: np.ndarray, rtol: float = 1e-5, atol: float = 
             np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=op)
         else:
             np.testing.assert_array_equal(g, w, err_msg=op)
+
+
+# -- one call of an op compiled for any target, its inputs given as a tuple where the op takes one ------------
+
+
+def op_function(op: str, *arrays: np.ndarray, **kw: Any) -> Any:
+    """The type-checked Relay function of one call of `op` on parameters shaped like `arrays`.
+
+    An op whose one argument is a tuple (concatenate, stack) gets all of them as that tuple.
+    """
+    from kiln import relay
+
+    params = [relay.var(f"x{i}", shape=a.shape, dtype=str(a.dtype)) for i, a in enumerate(arrays)]
+    args: list[Any] = [relay.Tuple(params)] if takes_tuple(op) else params
+    return relay.infer_type(relay.Function(params, relay.expr.call(op, args, make_attrs(op, **kw))))
+
+
+def takes_tuple(op: str) -> bool:
+    """Whether `op`'s one argument is a tuple of tensors."""
+    arguments = Op.get(op).arguments
+    return len(arguments) == 1 and arguments[0].type_info == "Tuple"
+
+
+def compile_op(op: str, *arrays: np.ndarray, target: str, **kw: Any) -> Any:
+    """One call of `op` compiled for `target` as `build_op` compiles it: a te_compiler `CompiledKernel`."""
+    from kiln.relay.backend.te_compiler import compile_primitive
+
+    return compile_primitive(op_function(op, *arrays, **kw), target, name=op.replace(".", "_"))
+
+
+def cuda_source_of(op: str, *arrays: np.ndarray, arch: str = "sm_90", **kw: Any) -> str:
+    """The CUDA C that lowering generates for one call of `op` (compiled to a CUBIN for `arch` on the way)."""
+    source: str = compile_op(op, *arrays, target=f"cuda -arch={arch}", **kw).module.get_source("cuda")
+    return source
+
+
+def run_on_device(kernel: Any, *arrays: np.ndarray, xp: Any) -> list[Any]:
+    """Runs a compiled cuda kernel on device copies of `arrays` (`xp`: cupy, or a stand-in for it)
+    into fresh device outputs, and returns those (device arrays: `.get()` for numpy)."""
+    outs = [xp.empty(tuple(int(d) for d in ty.shape), dtype=str(ty.dtype)) for ty in kernel.out_types]
+    kernel(*[xp.asarray(a) for a in arrays], outs=outs)
+    return outs
+
+
+def reference_outputs(op: str, *arrays: np.ndarray, **kw: Any) -> list[np.ndarray]:
+    """The op's numpy reference on `arrays` (as one tuple where the op takes one), as a list of outputs."""
+    want = ref(op, tuple(arrays), **kw) if takes_tuple(op) else ref(op, *arrays, **kw)
+    return [np.asarray(w) for w in (want if isinstance(want, tuple) else [want])]
+
+
+def assert_outputs_match(op: str, got: list[np.ndarray], want: list[np.ndarray], rtol: float = 1e-5,
+                         atol: float = 1e-6) -> None:
+    """Every output agrees with the reference: count, dtype, shape, then values (exactly for non-floats)."""
+    assert len(got) == len(want), f"{op}: {len(got)} outputs, reference has {len(want)}"
+    for g, w in zip(got, want, strict=True):
+        assert isinstance(g, np.ndarray), f"{op}: got a {type(g).__name__}, expected a numpy array"
+        assert g.dtype == w.dtype, f"{op}: dtype {g.dtype}, reference {w.dtype}"
+        assert g.shape == w.shape, f"{op}: shape {g.shape}, reference {w.shape}"
+        if g.dtype.kind in "fc":
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=op)
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=op)

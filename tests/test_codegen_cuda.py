@@ -9,38 +9,21 @@ launch on a real GPU and run where `cupy.cuda.is_available()`.
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import re
-import shutil
-import subprocess
-from pathlib import Path
-from types import SimpleNamespace
 
+import cuda_standin
 import numpy as np
 import pytest
+from cuda_standin import HAS_GPU, HostArray, gpu, needs_gxx
 
 import kiln
 from kiln import te, tir
 from kiln.codegen import cuda, nvrtc
 from kiln.codegen.jit import CodegenError
-from kiln.runtime import cuda_module
 from kiln.runtime.cuda_module import CudaModule
 from kiln.runtime.module import ArgumentError
 from kiln.target import Target
 
-
-def _has_gpu() -> bool:
-    try:
-        import cupy
-    except ImportError:
-        return False
-    return bool(cupy.cuda.is_available())
-
-
-HAS_GPU = _has_gpu()
-gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (cupy.cuda.is_available())")
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="host emulation of CUDA kernels needs g++")
 SM90 = "cuda -arch=sm_90"
 
 
@@ -142,122 +125,13 @@ def assert_cubins(source: str) -> None:
         assert cubin[:4] == b"\x7fELF", arch
 
 
-# -- a stand-in for cupy that runs kernels on the host ------------------------------------------
-
-_HOST_PRELUDE = r"""
-#include <math.h>
-#include <cmath>
-#include <cstring>
-#include <thread>
-#include <vector>
-#include <pthread.h>
-struct kiln_dim3 { unsigned x, y, z; };
-static thread_local kiln_dim3 threadIdx, blockIdx;
-static pthread_barrier_t kiln_barrier;
-alignas(16) unsigned char kiln_shared_storage[1 << 18];
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __restrict__ __restrict
-#define __launch_bounds__(n)
-#define __align__(n)
-#define __shared__
-#define kiln_shared kiln_shared_storage
-using std::isnan;
-static inline void __syncthreads() { pthread_barrier_wait(&kiln_barrier); }
-static inline float __fdividef(float a, float b) { return a / b; }
-static inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
-static inline double __longlong_as_double(long long v) { double f; memcpy(&f, &v, 8); return f; }
-static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
-struct __half { _Float16 v; };
-static inline __half __float2half(float f) { return __half{(_Float16)f}; }
-static inline __half __double2half(double d) { return __half{(_Float16)d}; }
-static inline float __half2float(__half h) { return (float)h.v; }
-"""
-_SIGNATURE = re.compile(r'^extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\((.*)\) \{$', re.MULTILINE)
-_HOST_LIBS: dict[str, ctypes.CDLL] = {}
-
-
-def _host_launcher(name: str, params: str) -> str:
-    args = [f"({p.split('*')[0].strip()}*)a[{i}]" if "*" in p else f"*(long long*)a[{i}]"
-            for i, p in enumerate(params.split(", "))]
-    return f"""
-extern "C" void run_{name}(int gx, int gy, int gz, int bx, int by, int bz, void** a) {{
-  for (int z = 0; z < gz; ++z) for (int y = 0; y < gy; ++y) for (int x = 0; x < gx; ++x) {{
-    pthread_barrier_init(&kiln_barrier, nullptr, bx * by * bz);
-    std::vector<std::thread> ts;
-    for (int tz = 0; tz < bz; ++tz) for (int ty = 0; ty < by; ++ty) for (int tx = 0; tx < bx; ++tx)
-      ts.emplace_back([=] {{
-        blockIdx = kiln_dim3{{(unsigned)x, (unsigned)y, (unsigned)z}};
-        threadIdx = kiln_dim3{{(unsigned)tx, (unsigned)ty, (unsigned)tz}};
-        {name}({", ".join(args)});
-      }});
-    for (auto& t : ts) t.join();
-    pthread_barrier_destroy(&kiln_barrier);
-  }}
-}}
-"""
-
-
-def _host_library(source: str, folder: Path) -> ctypes.CDLL:
-    key = hashlib.sha256(source.encode()).hexdigest()[:16]
-    if key not in _HOST_LIBS:
-        text = _HOST_PRELUDE + source.replace("#include <cuda_fp16.h>", "")
-        text += "".join(_host_launcher(m.group(1), m.group(2)) for m in _SIGNATURE.finditer(source))
-        src, lib = folder / f"{key}.cc", folder / f"{key}.so"
-        src.write_text(text)
-        done = subprocess.run(["g++", "-std=c++17", "-O0", "-shared", "-fPIC", "-pthread", "-w", str(src), "-o",
-                               str(lib)], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[:4000]
-        _HOST_LIBS[key] = ctypes.CDLL(str(lib))
-    return _HOST_LIBS[key]
-
-
-class HostArray:
-    """What the module needs of a cupy.ndarray, held in host memory."""
-
-    def __init__(self, a, dtype=None):
-        self.a = np.array(a, dtype=dtype, order="C", copy=True)
-        self.device = SimpleNamespace(id=0)
-
-    def __getattr__(self, name):
-        return getattr(self.a, name)
-
-    @property
-    def data(self):
-        return SimpleNamespace(ptr=self.a.ctypes.data)
-
-    def get(self):
-        return self.a.copy()
+# -- a stand-in for cupy that runs kernels on the host (tests/cuda_standin.py) ------------------
 
 
 @pytest.fixture
 def host_cupy(monkeypatch, tmp_path):
     """Makes CudaModule launch through the host emulator; yields the launches it made."""
-    launches = []
-    fake = SimpleNamespace(
-        ndarray=HostArray, asarray=HostArray, empty=lambda n, dtype: HostArray(np.zeros(n, dtype)),
-        cuda=SimpleNamespace(Device=lambda: SimpleNamespace(id=0, compute_capability="90")),
-    )
-
-    def functions(self, cupy):
-        lib = _host_library(self.code.source, tmp_path)
-
-        def launcher(name):
-            def launch(grid, block, args, shared_mem=0):
-                launches.append((name, grid, block, shared_mem))
-                keep = [ctypes.c_longlong(int(a)) for a in args if not isinstance(a, HostArray)]
-                it = iter(keep)
-                ptrs = [a.a.ctypes.data if isinstance(a, HostArray) else ctypes.addressof(next(it)) for a in args]
-                getattr(lib, f"run_{name}")(*grid, *block, (ctypes.c_void_p * len(ptrs))(*ptrs))
-            return launch
-
-        return [launcher(spec.name) for spec in self.kernels]
-
-    monkeypatch.setattr(cuda_module, "_cupy", lambda: fake)
-    monkeypatch.setattr(CudaModule, "_functions", functions)
-    return launches
+    return cuda_standin.install(monkeypatch, tmp_path)
 
 
 # -- generated source, compiled without a GPU ------------------------------------------------------

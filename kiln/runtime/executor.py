@@ -310,7 +310,8 @@ class GraphExecutor:
             raise ExecutorError(f"input {name!r}: expected dtype {slot.dtype}, got {arr.dtype}")
         if arr.shape != slot.shape:
             raise ExecutorError(f"input {name!r}: expected shape {slot.shape}, got {arr.shape}")
-        if not isinstance(arr, self._xp.ndarray) or not arr.flags.c_contiguous or not arr.flags.writeable:
+        read_only = isinstance(arr, np.ndarray) and not arr.flags.writeable  # cupy arrays have no such flag
+        if not isinstance(arr, self._xp.ndarray) or not arr.flags.c_contiguous or read_only:
             arr = self._xp.put(arr)
         self._values[s] = arr
 

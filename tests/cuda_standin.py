@@ -1,0 +1,259 @@
+"""A stand-in for cupy that runs kiln's generated CUDA C on the host, for tests on machines without a GPU.
+
+`install(monkeypatch, folder)` makes `kiln.runtime.cuda_module._cupy()` return
+`FAKE_CUPY` and `CudaModule` launch its kernels on the CPU: the module's CUDA C
+source is compiled with g++ (the CUDA built-ins it uses come from
+`_HOST_PRELUDE`), and each launch runs one OS thread per CUDA thread of a block,
+the blocks one after another, `__syncthreads` a barrier across the block. So
+keep the sizes tiny.
+
+Device memory is held by `HostArray`, which offers what kiln uses of a
+`cupy.ndarray` and no more, so that device-ness stays honest:
+- `FAKE_CUPY.empty` returns memory filled with 0xFF bytes (NaN for floats, -1 for
+  integers), as uninitialized device memory can hold anything;
+- a `HostArray` is not a numpy array: numpy refuses to convert one implicitly
+  (as it refuses a cupy array), and `.get()` is the way back to numpy;
+- its `flags` are cupy's (`c_contiguous`, `f_contiguous`, `owndata`; no `writeable`);
+- slicing, `view` and `reshape` are views of the same memory, `copy` is new memory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import hashlib
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kiln.runtime import cuda_module
+from kiln.runtime.cuda_module import CudaModule
+
+
+def _has_gpu() -> bool:
+    try:
+        import cupy
+    except ImportError:
+        return False
+    return bool(cupy.cuda.is_available())
+
+
+HAS_GPU = _has_gpu()
+gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU (cupy.cuda.is_available())")
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="host emulation of CUDA kernels needs g++")
+
+_HOST_PRELUDE = r"""
+#include <math.h>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+#include <pthread.h>
+struct kiln_dim3 { unsigned x, y, z; };
+static thread_local kiln_dim3 threadIdx, blockIdx;
+static pthread_barrier_t kiln_barrier;
+alignas(16) unsigned char kiln_shared_storage[1 << 18];
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(n)
+#define __align__(n)
+#define __shared__
+#define kiln_shared kiln_shared_storage
+using std::isnan;
+static inline void __syncthreads() { pthread_barrier_wait(&kiln_barrier); }
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
+static inline double __longlong_as_double(long long v) { double f; memcpy(&f, &v, 8); return f; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+struct __half { _Float16 v; };
+static inline __half __float2half(float f) { return __half{(_Float16)f}; }
+static inline __half __double2half(double d) { return __half{(_Float16)d}; }
+static inline float __half2float(__half h) { return (float)h.v; }
+"""
+_SIGNATURE = re.compile(r'^extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\((.*)\) \{$', re.MULTILINE)
+_HOST_LIBS: dict[str, ctypes.CDLL] = {}
+_HOST_LIBS_LOCK = threading.Lock()
+_UNINITIALIZED = 0xFF
+
+
+def _host_launcher(name: str, params: str) -> str:
+    args = [f"({p.split('*')[0].strip()}*)a[{i}]" if "*" in p else f"*(long long*)a[{i}]"
+            for i, p in enumerate(params.split(", "))]
+    return f"""
+extern "C" void run_{name}(int gx, int gy, int gz, int bx, int by, int bz, void** a) {{
+  for (int z = 0; z < gz; ++z) for (int y = 0; y < gy; ++y) for (int x = 0; x < gx; ++x) {{
+    pthread_barrier_init(&kiln_barrier, nullptr, bx * by * bz);
+    std::vector<std::thread> ts;
+    for (int tz = 0; tz < bz; ++tz) for (int ty = 0; ty < by; ++ty) for (int tx = 0; tx < bx; ++tx)
+      ts.emplace_back([=] {{
+        blockIdx = kiln_dim3{{(unsigned)x, (unsigned)y, (unsigned)z}};
+        threadIdx = kiln_dim3{{(unsigned)tx, (unsigned)ty, (unsigned)tz}};
+        {name}({", ".join(args)});
+      }});
+    for (auto& t : ts) t.join();
+    pthread_barrier_destroy(&kiln_barrier);
+  }}
+}}
+"""
+
+
+_GXX = ["g++", "-std=c++17", "-O0", "-fPIC", "-pthread", "-w"]
+_PRELUDE_DIR: list[Path] = []  # the folder of the prelude header and its precompiled form, once per process
+
+
+def _prelude() -> Path:
+    """A folder holding `kiln_host_prelude.h`, precompiled: g++ then parses <cmath> and <thread> once per
+    process, not once per kernel (0.15 s a kernel instead of 0.26). Removed when the process exits."""
+    if not _PRELUDE_DIR:
+        where = Path(tempfile.mkdtemp(prefix="kiln-host-prelude-"))
+        atexit.register(shutil.rmtree, where, ignore_errors=True)
+        header = where / "kiln_host_prelude.h"
+        header.write_text(_HOST_PRELUDE)
+        # without the .gch (a g++ that cannot precompile it), g++ reads the header itself
+        subprocess.run([*_GXX, "-x", "c++-header", str(header), "-o", f"{header}.gch"], capture_output=True)
+        _PRELUDE_DIR.append(where)
+    return _PRELUDE_DIR[0]
+
+
+def host_library(source: str, folder: Path) -> ctypes.CDLL:
+    """The CUDA C `source` compiled for the host by g++ (once per process), with a `run_<kernel>` per kernel."""
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    with _HOST_LIBS_LOCK:
+        if key not in _HOST_LIBS:
+            text = '#include "kiln_host_prelude.h"\n' + source.replace("#include <cuda_fp16.h>", "")
+            text += "".join(_host_launcher(m.group(1), m.group(2)) for m in _SIGNATURE.finditer(source))
+            src, lib = folder / f"{key}.cc", folder / f"{key}.so"
+            src.write_text(text)
+            done = subprocess.run([*_GXX, "-shared", f"-I{_prelude()}", str(src), "-o", str(lib)],
+                                  capture_output=True, text=True)
+            assert done.returncode == 0, done.stderr[:4000]
+            _HOST_LIBS[key] = ctypes.CDLL(str(lib))
+        return _HOST_LIBS[key]
+
+
+class HostArray:
+    """What kiln uses of a cupy.ndarray, held in host memory (see the module's docstring)."""
+
+    __array_priority__ = 100  # numpy defers binary operators to us, which then refuse them
+
+    def __init__(self, a: Any, dtype: Any = None) -> None:
+        """A device copy of `a` (a numpy array or anything `np.array` takes)."""
+        if isinstance(a, HostArray):
+            raise TypeError("HostArray(HostArray): use .copy()")
+        self.a = np.array(a, dtype=dtype, order="C", copy=True)
+        self.device = SimpleNamespace(id=0)
+
+    @classmethod
+    def _of(cls, view: np.ndarray) -> HostArray:
+        """A HostArray over `view`'s memory (no copy)."""
+        out = cls.__new__(cls)
+        out.a = view
+        out.device = SimpleNamespace(id=0)
+        return out
+
+    # -- what kiln reads of an array
+    shape = property(lambda self: self.a.shape)
+    dtype = property(lambda self: self.a.dtype)
+    ndim = property(lambda self: self.a.ndim)
+    size = property(lambda self: self.a.size)
+    nbytes = property(lambda self: self.a.nbytes)
+    itemsize = property(lambda self: self.a.itemsize)
+    strides = property(lambda self: self.a.strides)
+
+    @property
+    def flags(self) -> SimpleNamespace:
+        """cupy's flags: no `writeable` (device memory is always writeable)."""
+        return SimpleNamespace(c_contiguous=self.a.flags.c_contiguous, f_contiguous=self.a.flags.f_contiguous,
+                               owndata=self.a.base is None)
+
+    @property
+    def data(self) -> SimpleNamespace:
+        """The device pointer, as `cupy.ndarray.data.ptr`."""
+        return SimpleNamespace(ptr=self.a.ctypes.data)
+
+    # -- what kiln does with one
+    def __getitem__(self, key: Any) -> HostArray:
+        return HostArray._of(self.a[key])
+
+    def view(self, dtype: Any) -> HostArray:
+        return HostArray._of(self.a.view(dtype))
+
+    def reshape(self, *shape: Any) -> HostArray:
+        return HostArray._of(self.a.reshape(*shape))
+
+    def copy(self) -> HostArray:
+        return HostArray._of(self.a.copy())
+
+    def get(self) -> np.ndarray:
+        """A numpy copy, as `cupy.ndarray.get()`."""
+        return self.a.copy()
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. "
+                        "Please use `.get()` to construct a NumPy array explicitly.")  # cupy's words
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def __repr__(self) -> str:
+        return f"HostArray({self.a!r})"
+
+
+def _asarray(a: Any, dtype: Any = None) -> HostArray:
+    if isinstance(a, HostArray):
+        return a if dtype is None or np.dtype(dtype) == a.dtype else HostArray(a.get(), dtype)
+    return HostArray(a, dtype)
+
+
+def _empty(shape: Any, dtype: Any = float) -> HostArray:
+    out = HostArray._of(np.empty(shape, dtype))
+    out.a.reshape(-1).view(np.uint8).fill(_UNINITIALIZED)
+    return out
+
+
+FAKE_CUPY = SimpleNamespace(
+    ndarray=HostArray, asarray=_asarray, empty=_empty,
+    cuda=SimpleNamespace(Device=lambda: SimpleNamespace(id=0, compute_capability="90")),
+)
+
+
+def install(monkeypatch: pytest.MonkeyPatch, folder: Path) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
+    """Makes CudaModule launch through the host emulator (g++ output under `folder`).
+
+    Returns:
+        The launches made from then on, as (kernel name, grid, block, shared bytes).
+    """
+    launches: list[tuple[str, tuple[int, ...], tuple[int, ...], int]] = []
+
+    def functions(self: CudaModule, cupy: Any) -> list[Any]:
+        assert cupy is FAKE_CUPY
+        lib = host_library(self.code.source, folder)
+
+        def launcher(name: str) -> Any:
+            def launch(grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],
+                       shared_mem: int = 0) -> None:
+                launches.append((name, grid, block, shared_mem))
+                for a in args:
+                    assert isinstance(a, (HostArray, np.integer)), f"{name}: a kernel got a {type(a).__name__}"
+                keep = [ctypes.c_longlong(int(a)) for a in args if not isinstance(a, HostArray)]
+                it = iter(keep)
+                ptrs = [a.a.ctypes.data if isinstance(a, HostArray) else ctypes.addressof(next(it)) for a in args]
+                getattr(lib, f"run_{name}")(*grid, *block, (ctypes.c_void_p * len(ptrs))(*ptrs))
+            return launch
+
+        return [launcher(spec.name) for spec in self.kernels]
+
+    monkeypatch.setattr(cuda_module, "_cupy", lambda: FAKE_CUPY)
+    monkeypatch.setattr(CudaModule, "_functions", functions)
+    return launches
