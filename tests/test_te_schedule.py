@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import tir_interp
-from test_te import loops, rand, run
+from test_te import RNG, loops, rand, run
 
 import kiln
 from kiln import te, tir
@@ -436,6 +439,69 @@ def test_compute_inline_substitutes_the_expression_and_drops_the_buffer() -> Non
     a = rand(6)
     (c,) = run(func, [a], [(6,)])
     np.testing.assert_allclose(c, 2 * a + 2 * a[::-1], rtol=1e-6)
+
+
+def inlined_chain(n: int, step: Callable[[te.Tensor, int], te.Tensor]) -> tuple[te.Schedule, te.Tensor, te.Tensor]:
+    """A placeholder, then `n` stages each made by `step(previous, k)`; all but the last inlined."""
+    A = te.placeholder((8,), name="A")
+    stages = [A]
+    for k in range(n):
+        stages.append(step(stages[-1], k))
+    s = te.create_schedule(stages[-1])
+    for t in stages[1:-1]:
+        s[t].compute_inline()
+    return s, A, stages[-1]
+
+
+def only_store(func: tir.PrimFunc) -> tir.BufferStore:
+    (loop,) = loops(func)
+    assert isinstance(loop.body, tir.BufferStore)
+    return loop.body
+
+
+def test_a_2000_stage_inlined_chain_lowers_to_one_loop_without_deep_recursion() -> None:
+    # 2,000 stages nest 2,000 deep: lowering must expand them from a work list, each stage once
+    # (substituting each expansion into the next was quadratic and recursed once per stage)
+    def step(x: te.Tensor, k: int) -> te.Tensor:
+        return te.compute((8,), lambda i: x[i] + float(k), name=f"s{k}")
+
+    n = 2000
+    s, A, out = inlined_chain(n, step)
+    start = time.perf_counter()
+    func = te.lower(s, [A, out])
+    assert time.perf_counter() - start < 30  # a hang guard, not a benchmark: it takes well under a second
+    assert not allocs(func)
+    store = only_store(func)
+    e = store.value
+    for k in reversed(range(n)):  # ((A[i] + 0.0) + 1.0) + ... + 1999.0, peeled from the outside
+        assert isinstance(e, tir.Add) and isinstance(e.b, tir.FloatImm) and e.b.value == k
+        e = e.a
+    assert isinstance(e, tir.BufferLoad) and e.buffer is func.params[0] and list(e.indices) == list(store.indices)
+    small_s, small_a, small_out = inlined_chain(5, step)
+    a = rand(8)
+    (got,) = run(te.lower(small_s, [small_a, small_out]), [a], [(8,)])
+    np.testing.assert_allclose(got, a + 10.0, rtol=1e-6)
+
+
+def test_inlining_a_stage_read_twice_shares_its_expression_instead_of_copying_it() -> None:
+    # each stage reads the one before three times: unshared, 40 stages would be a tree of 3**40 nodes
+    def step(x: te.Tensor, k: int) -> te.Tensor:
+        return te.compute((8,), lambda i: x[i] * x[i] + x[i], name=f"d{k}")
+
+    s, A, out = inlined_chain(40, step)
+    func = te.lower(s, [A, out])
+    e = only_store(func).value
+    for _ in range(39):
+        assert isinstance(e, tir.Add) and isinstance(e.a, tir.Mul)
+        assert e.a.a is e.a.b is e.b  # one expression for the previous stage, read three times
+        e = e.b
+    small_s, small_a, small_out = inlined_chain(3, step)
+    a = RNG.uniform(0, 1, 8).astype("float32")  # no cancellation in x * x + x
+    want = a
+    for _ in range(3):
+        want = want * want + want
+    (got,) = run(te.lower(small_s, [small_a, small_out]), [a], [(8,)])
+    np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
 def test_compute_inline_of_a_reduction_is_an_error() -> None:

@@ -23,18 +23,12 @@ from kiln.tir.expr import BufferLoad, PrimExpr, Var
 # ---------------------------------------------------------------------------
 
 
-def transform(e: PrimExpr, pre: Callable[[PrimExpr], PrimExpr | None]) -> PrimExpr:
-    """Rebuilds `e` bottom-up; where `pre(node)` returns an expression, it replaces the node whole.
+def rebuild(e: PrimExpr, new: tuple[PrimExpr, ...]) -> PrimExpr:
+    """`e` with its children (`children(e)`, in order) replaced by `new`, folding constants.
 
-    Unchanged sub-trees keep their identity; constants fold as nodes are rebuilt.
+    Returns `e` itself when every new child is the old one.
     """
-    out = pre(e)
-    if out is not None:
-        return out
     kids = children(e)
-    if not kids:
-        return e
-    new = tuple(transform(k, pre) for k in kids)
     if all(a is b for a, b in zip(kids, new, strict=True)):
         return e
     if isinstance(e, tx.BinaryOp):
@@ -54,6 +48,37 @@ def transform(e: PrimExpr, pre: Callable[[PrimExpr], PrimExpr | None]) -> PrimEx
     raise TypeError(f"cannot rebuild {type(e).__name__}")
 
 
+def transform(e: PrimExpr, pre: Callable[[PrimExpr], PrimExpr | None]) -> PrimExpr:
+    """Rebuilds `e` bottom-up; where `pre(node)` returns an expression, it replaces the node whole.
+
+    Unchanged sub-trees keep their identity; constants fold as nodes are rebuilt.
+    A sub-expression shared by several parents is rewritten once (`pre` must not
+    depend on where a node occurs), so a DAG costs its number of distinct nodes,
+    not the size of its unfolded tree; an explicit stack keeps deep expressions
+    clear of the recursion limit.
+    """
+    done: dict[int, PrimExpr] = {}  # id of a node of `e` -> its rewrite; `e` keeps every key alive
+    stack: list[tuple[PrimExpr, bool]] = [(e, False)]
+    while stack:
+        x, ready = stack.pop()
+        if id(x) in done:
+            continue
+        if ready:
+            done[id(x)] = rebuild(x, tuple(done[id(k)] for k in children(x)))
+            continue
+        out = pre(x)
+        if out is not None:
+            done[id(x)] = out
+            continue
+        kids = children(x)
+        if not kids:
+            done[id(x)] = x
+            continue
+        stack.append((x, True))
+        stack.extend((k, False) for k in reversed(kids) if id(k) not in done)
+    return done[id(e)]
+
+
 def substitute(e: PrimExpr, vmap: Mapping[Var, PrimExpr]) -> PrimExpr:
     """`e` with each variable in `vmap` replaced by its expression."""
     if not vmap:
@@ -61,28 +86,32 @@ def substitute(e: PrimExpr, vmap: Mapping[Var, PrimExpr]) -> PrimExpr:
     return transform(e, lambda x: vmap.get(x) if isinstance(x, Var) else None)
 
 
-def free_vars(e: PrimExpr) -> list[Var]:
-    """The variables in `e`, in first-seen order."""
-    seen: dict[int, Var] = {}
+def _distinct_nodes(e: PrimExpr) -> list[PrimExpr]:
+    """The nodes of `e` in pre-order, each shared sub-expression once (at its first occurrence)."""
+    out: list[PrimExpr] = []
+    visited: set[int] = set()  # ids of nodes of `e` (alive as long as `e` is)
     stack = [e]
     while stack:
         x = stack.pop()
-        if isinstance(x, Var):
-            seen.setdefault(id(x), x)
+        if id(x) in visited:
+            continue
+        visited.add(id(x))
+        out.append(x)
         stack.extend(reversed(children(x)))
-    return list(seen.values())
+    return out
+
+
+def free_vars(e: PrimExpr) -> list[Var]:
+    """The variables in `e`, in first-seen order."""
+    return [x for x in _distinct_nodes(e) if isinstance(x, Var)]
 
 
 def loads(e: PrimExpr) -> list[BufferLoad]:
-    """Every buffer load in `e` (loads inside indices too), outermost first."""
-    out: list[BufferLoad] = []
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, BufferLoad):
-            out.append(x)
-        stack.extend(reversed(children(x)))
-    return out
+    """Every buffer load in `e` (loads inside indices too), outermost first.
+
+    A load node shared by several parents is listed once.
+    """
+    return [x for x in _distinct_nodes(e) if isinstance(x, BufferLoad)]
 
 
 # ---------------------------------------------------------------------------

@@ -5,6 +5,11 @@ The steps, in order:
 1. Buffers: the `args` become the function's parameters; every other stage
    that is not inlined gets a temporary (`Allocate`) in its scope.
 2. Inlining: inlined stages' expressions are substituted into their readers.
+   Each inlined stage is expanded once per distinct tuple of indices it is
+   read at, straight from its own body with its axes bound to those indices
+   (loads of other inlined stages inside it expanded the same way), from an
+   explicit work list: linear in a chain's length, no recursion per stage, and
+   a stage read twice at the same indices gives one shared sub-expression.
 3. Bound inference, consumers first: a stage at the root covers its whole
    shape; a stage placed with `compute_at` covers the region its readers
    touch in one iteration of the loop it is attached to (the readers' inner
@@ -22,14 +27,26 @@ The steps, in order:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import attrs
 
 from kiln.ir.dtype import DataType
-from kiln.te.arith import Lin, free_vars, lin_max, lin_min, lin_of, loads, relax, simplify, substitute, transform
+from kiln.te.arith import (
+    Lin,
+    free_vars,
+    lin_max,
+    lin_min,
+    lin_of,
+    loads,
+    rebuild,
+    relax,
+    simplify,
+    substitute,
+    transform,
+)
 from kiln.te.schedule import AttachType, Fuse, IterAttr, Schedule, ScheduleError, Split, Stage
-from kiln.te.tensor import IterKind, IterVar, PlaceholderOp, Reduce, Tensor, TensorBuffer
+from kiln.te.tensor import IterKind, IterVar, PlaceholderOp, Reduce, Tensor, TensorBuffer, children
 from kiln.tir import expr as tx
 from kiln.tir.expr import Buffer, BufferLoad, PrimExpr, Var
 from kiln.tir.stmt import Allocate, BufferStore, Evaluate, For, ForKind, IfThenElse, PrimFunc, Stmt, seq
@@ -103,7 +120,12 @@ class _Lowering:
         self.params: list[Buffer] = []
         self.placeholder_bufs: dict[int, Buffer] = {}
         self.info: dict[Stage, _Info] = {}
-        self.inline_defs: dict[Stage, PrimExpr] = {}
+        self.inlined: set[Stage] = set()  # inlined stages met so far, in the schedule's (producers first) order
+        # inlining's scopes: an inlined stage with its axes bound to the indices it is read at; scope 0
+        # binds nothing (the body of a stage that is not inlined)
+        self.scopes: dict[tuple[Stage, tuple[Hashable, ...]], int] = {}
+        self.scope_vmaps: list[dict[Var, PrimExpr]] = [{}]
+        self.expanded: dict[tuple[int, int], PrimExpr] = {}  # (scope, id of a node of a stage's body) -> expansion
         arg_stages: dict[Stage, Buffer] = {}
         for t in args:
             if not isinstance(t, Tensor):
@@ -131,30 +153,60 @@ class _Lowering:
             return t, self.sch.stage_of(t)
         return None
 
-    def _inline(self, body: PrimExpr) -> PrimExpr:
-        def pre(e: PrimExpr) -> PrimExpr | None:
-            hit = self._stage_of_load(e)
-            if hit is None or hit[1] is None or hit[1] not in self.inline_defs:
-                return None
-            assert isinstance(e, BufferLoad)
-            stage = hit[1]
-            indices = [transform(i, pre) for i in e.indices]
-            return substitute(
-                self.inline_defs[stage], {iv.var: i for iv, i in zip(stage.op.axis, indices, strict=True)}
-            )
+    def _scope(self, st: Stage, indices: tuple[PrimExpr, ...]) -> int:
+        """The scope of inlined stage `st` read at `indices` (expanded ones), made on first use."""
+        key = (st, tuple(("imm", i.dtype, i.value) if isinstance(i, tx.IntImm) else id(i) for i in indices))
+        scope = self.scopes.get(key)
+        if scope is None:  # the vmap keeps `indices` alive, so their ids in `key` stay theirs
+            scope = self.scopes[key] = len(self.scope_vmaps)
+            self.scope_vmaps.append({iv.var: i for iv, i in zip(st.op.axis, indices, strict=True)})
+        return scope
 
-        return transform(body, pre)
+    def _inline(self, body: PrimExpr) -> PrimExpr:
+        """`body` (a stage's own) with every load of an inlined stage replaced by that stage's expression.
+
+        The same as substituting each inlined stage's expanded expression into its
+        readers, but each (stage, indices) scope is built once, straight from the
+        stage's body. Memo keys are node ids of stage bodies, which the schedule keeps alive.
+        """
+        done = self.expanded
+        stack: list[tuple[PrimExpr, int]] = [(body, 0)]
+        while stack:
+            e, scope = stack[-1]
+            if (scope, id(e)) in done:
+                stack.pop()
+                continue
+            kids = children(e)
+            todo = [(k, scope) for k in reversed(kids) if (scope, id(k)) not in done]
+            if todo:
+                stack.extend(todo)
+                continue
+            new = tuple(done[scope, id(k)] for k in kids)
+            hit = self._stage_of_load(e)
+            if hit is not None and hit[1] in self.inlined:
+                st = hit[1]
+                inner = self._scope(st, new)
+                out = done.get((inner, id(st.op.body)))
+                if out is None:
+                    stack.append((st.op.body, inner))  # back to `e` once that is done
+                    continue
+            elif isinstance(e, Var):
+                out = self.scope_vmaps[scope].get(e, e)
+            else:
+                out = rebuild(e, new)
+            done[scope, id(e)] = out
+            stack.pop()
+        return done[0, id(body)]
 
     def _prepare(self) -> list[Stage]:
         live: list[Stage] = []
         for st in self.sch.stages:
-            body = self._inline(st.op.body)
             if st.attach_type is AttachType.INLINE:
                 if st in self.arg_stages:
                     raise ScheduleError(f"lower {self.name!r}: stage {st.name!r} is an argument and cannot be inlined")
-                self.inline_defs[st] = body
+                self.inlined.add(st)
                 continue
-            info = _Info(st, body)
+            info = _Info(st, self._inline(st.op.body))
             if st in self.arg_stages:
                 if st.attach_type is AttachType.SCOPE:
                     raise ScheduleError(
