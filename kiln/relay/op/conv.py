@@ -35,7 +35,6 @@ from kiln.relay.op._schedule import (
     op_attr,
     register_compute,
     schedule_generic,
-    schedule_injective_stage,
     split_epilogue,
     vector_lanes,
 )
@@ -375,42 +374,48 @@ def _conv2d_tiled_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type:
 
     lanes = vector_lanes(dtype)
     bx = next((v for v in (2 * lanes, lanes) if shape[3] % v == 0), divisor_at_most(shape[3], 2 * lanes))
-    tiles = (divisor_at_most(shape[1], 16 * lanes // max(bx, lanes)), bx)
+    by = 2 if bx <= lanes and shape[2] % 2 == 0 else 1  # one vector wide: take two rows instead
+    vectors = by * -(-bx // lanes)
+    tiles = (divisor_at_most(shape[1], 16 // vectors), by, bx)  # 16 accumulators
     return [te.compute(shape, conv, name="conv2d", attrs={"tiles": tiles})]
 
 
 def _conv2d_tiled_schedule(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
                            target: Any) -> None:
-    """A tile of (8 output channels) x (two vectors of output columns) in registers.
+    """A tile of 8 output channels x two vectors of output (two of one row, or one of two rows) in registers.
 
-    Each step of the window sum loads two vectors of input row and broadcasts
-    eight weights (16 FMAs for 10 loads); the elementwise epilogue runs on the
-    tile while it is in registers. Rows of output channel tiles run on the cores.
+    Each step of the window sum loads two input vectors and broadcasts eight
+    weights: 16 FMAs for 10 loads. The elementwise epilogue runs on the tile
+    while it is in registers. Row tiles of channel tiles run on the cores; the
+    padded input is written row by row.
     """
     (c,) = anchor_outs
     tiles = op_attr(c, "tiles")
     if tiles is None:
         schedule_generic(sch, anchor_outs, outs, target)
         return
-    bo, bx = tiles
+    bo, by, bx = tiles
     tiled, comp = split_epilogue(sch, c, outs, cache=True)
     stage = sch[tiled]
     n, o, y, x = stage.op.axis
     oo, oi = stage.split(o, factor=bo)
+    yo, yi = stage.split(y, factor=by)
     xo, xi = stage.split(x, factor=bx)
-    stage.reorder(n, oo, y, xo, oi, xi)
-    stage.parallel(stage.fuse(n, oo, y))
+    stage.reorder(n, oo, yo, xo, oi, yi, xi)
+    stage.parallel(stage.fuse(n, oo, yo))
     stage.vectorize(xi)
     sch[comp].compute_at(stage, xo)
     cs = sch[comp]
-    _, co, _, cx = cs.op.axis
+    _, co, cy, cx = cs.op.axis
     rc, ry, rx = cs.op.reduce_axis
-    cs.reorder(rc, ry, rx, co, cx)
+    cs.reorder(rc, ry, rx, co, cy, cx)
     cs.unroll(co)
+    cs.unroll(cy)
     cs.vectorize(cx)
     for t in c.op.input_tensors:
         if op_attr(t, KEEP):
-            schedule_injective_stage(sch, t)
+            rows = sch[t]
+            rows.parallel(rows.fuse(*rows.op.axis[:-1]))
 
 
 register_implementation("nn.conv2d", _conv2d_tiled_compute, _conv2d_tiled_schedule, name="tiled", target="llvm",
