@@ -145,3 +145,15 @@ def test_conv_bias_relu_runs_as_one_kernel_with_the_input_padded_once() -> None:
     want = np.maximum(models.conv3x3_numpy(xv, wv) + bv[:, None, None], 0)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
+
+
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_large_products_pack_their_operands_and_match_numpy(transpose_b) -> None:
+    m, k, n = 256, 1024, 256  # 2^26 multiply-adds: the packed form
+    x, w = relay.var("x", shape=(m, k)), relay.var("w", shape=(n, k) if transpose_b else (k, n))
+    func = relay.Function([x, w], relay.nn.relu(relay.nn.matmul(x, w, transpose_b=transpose_b)))
+    text = _lowered(func)
+    assert "matmul_packed_a = allocate((64, 1024, 4)" in text and "matmul_packed_b = allocate((4, 1024, 64)" in text
+    xv, wv = rand(m, k), rand(*((n, k) if transpose_b else (k, n)))
+    got = build(func).create_executor()(x=xv, w=wv)
+    np.testing.assert_allclose(got, np.maximum(xv @ (wv.T if transpose_b else wv), 0), rtol=1e-4, atol=1e-3)
