@@ -78,7 +78,8 @@ class FusionReport:
     boundaries: tuple[FusionBoundary, ...]
 
     def __str__(self) -> str:
-        lines = [f"fusion of @{self.function}: {len(self.groups)} groups (max group size {self.max_depth})"]
+        n = len(self.groups)
+        lines = [f"fusion of @{self.function}: {n} group{'s' * (n != 1)} (max group size {self.max_depth})"]
         lines.extend(f"  {g}" for g in self.groups)
         lines.append("boundaries:" if self.boundaries else "boundaries: none")
         lines.extend(f"  {b}" for b in self.boundaries)
