@@ -75,11 +75,13 @@ def _as_prim_func(obj: Any, args: Any) -> PrimFunc:
     return func
 
 
-def compile_object(func: PrimFunc, target: Target) -> tuple[bytes, list[str], dict[str, str]]:
+def compile_object(func: PrimFunc, target: Target, sources: bool = False) -> tuple[bytes, list[str], dict[str, str]]:
     """Compiles `func` to object code.
 
     Returns:
-        (object code, external symbols it calls, {"ll": optimized IR, "asm": assembly}).
+        (object code, external symbols it calls, {"ll": optimized IR, "asm": assembly} if `sources`,
+        else {}: emitting the assembly costs about as much as the object code, so modules make it
+        only when `get_source` asks).
     """
     context = jit.new_context()
     try:
@@ -87,13 +89,13 @@ def compile_object(func: PrimFunc, target: Target) -> tuple[bytes, list[str], di
         try:
             symbols = jit.external_symbols(mod)
             obj = jit.emit_object(mod, tm)
-            sources = {"ll": str(mod), "asm": jit.emit_assembly(mod, tm)}
+            texts = {"ll": str(mod), "asm": jit.emit_assembly(mod, tm)} if sources else {}
         finally:
             mod.close()
             tm.close()
     finally:
         context.close()
-    return obj, symbols, sources
+    return obj, symbols, texts
 
 
 def build_cuda(prim: PrimFunc, target: Target) -> CudaModule:
@@ -143,6 +145,10 @@ def build(
         raise jit.CodegenError(f"build: kiln.build compiles for llvm and cuda targets, got {tgt}")
     use_cache = cache.enabled()
     key = cache.cache_key(str(prim), tgt)
+
+    def regenerate() -> dict[str, str]:  # the IR and assembly texts, made when get_source asks
+        return compile_object(prim, tgt, sources=True)[2]
+
     store = cache.KERNEL_CACHE
     if use_cache:
         hit = store.get(key)
@@ -151,16 +157,12 @@ def build(
         loaded = store.load(key)
         if loaded is not None:
             obj, symbols = loaded
-
-            def regenerate() -> dict[str, str]:
-                return compile_object(prim, tgt)[2]
-
             module = Module(prim, tgt, obj, symbols, regenerate=regenerate)
             store.put(key, module)
             return module
-    obj, symbols, sources = compile_object(prim, tgt)
+    obj, symbols, _ = compile_object(prim, tgt)
     jit.check_symbols(symbols, prim.name)
-    module = Module(prim, tgt, obj, symbols, sources=sources)
+    module = Module(prim, tgt, obj, symbols, regenerate=regenerate)
     if use_cache:
         store.store(key, obj, symbols)
         store.put(key, module)
