@@ -24,6 +24,7 @@ from typing import Any
 from kiln import te
 from kiln.ir.dtype import DataType
 from kiln.registry import Op, OpPattern, attr, mark_registration_helper, register_implementation, register_op
+from kiln.relay.op._nn_util import tensor_shape
 from kiln.target import Target
 
 mark_registration_helper(__file__)
@@ -142,7 +143,7 @@ def bind_stage_cuda(sch: te.Schedule, t: te.Tensor, threads: int = _CUDA_THREADS
     """One GPU thread per element of `t`: its axes fused, split into blocks of `threads`.
 
     The reductions of the stage, if any, run as serial loops in each thread. A
-    0-d stage gets a one-element axis to bind.
+    0-d stage has no axis to bind: lowering runs its nest on one thread.
     """
     stage = sch[t]
     axes = list(stage.op.axis)
@@ -200,8 +201,7 @@ def split_epilogue(sch: te.Schedule, anchor: te.Tensor, outs: Sequence[te.Tensor
     values are accumulated in a local tile first (`cache_write`). Other outputs
     are scheduled as injective stages.
     """
-    same = [t for t in outs if t.op is not anchor.op and [int(getattr(d, "value", -1)) for d in t.shape]
-            == [int(getattr(d, "value", -1)) for d in anchor.shape]]
+    same = [t for t in outs if t.op is not anchor.op and tensor_shape(t) == tensor_shape(anchor)]
     if len(outs) == 1 and same:
         return same[0], anchor
     for t in outs:

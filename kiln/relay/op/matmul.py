@@ -278,6 +278,8 @@ def batch_matmul(x: Expr, y: Expr, transpose_a: bool = False, transpose_b: bool 
 #   4x4 tile), and a short horizontal sum per element closes it. No packing.
 # - "outer" (b given as (K, N)): a (bm, bn) tile vectorized along N; each step of K
 #   broadcasts bm values of a against bn / L vectors of b.
+# - "packed" (large products, either layout): the outer form over copies of a in
+#   (M/bm, K, bm) strips and b in (N/bn, K, bn) panels, as GotoBLAS.
 
 _MAX_TILE = 4
 _PACK_MIN = 1 << 26  # multiply-adds from which packing pays for its copies (1024^3: 0.3x -> 0.9x BLAS)
