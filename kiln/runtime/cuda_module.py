@@ -30,12 +30,10 @@ import numpy as np
 from kiln.codegen import nvrtc
 from kiln.codegen.cuda_host import GRID_LIMITS, CudaCode, KernelSpec, eval_int
 from kiln.errors import KilnError
-from kiln.runtime.module import ArgumentError, numpy_dtype
+from kiln.runtime.module import Param, check_count, numpy_dtype
 from kiln.target import Target
-from kiln.tir.expr import IntImm, Var
 from kiln.tir.stmt import PrimFunc
 
-_INT32_MAX = 2**31 - 1
 _DEFAULT_SHARED = 48 * 1024  # kernels needing more must raise their dynamic shared memory limit
 
 
@@ -58,25 +56,6 @@ def _cupy() -> Any:
     return cupy
 
 
-class _Param:
-    """What one parameter accepts: dtype, and per dim a static size or a symbolic Var."""
-
-    def __init__(self, func: PrimFunc, index: int) -> None:
-        buf = func.params[index]
-        self.name = buf.name
-        self.dtype = numpy_dtype(buf.dtype)
-        self.dims: list[int | Var] = []
-        for d in buf.shape:
-            if isinstance(d, IntImm):
-                self.dims.append(int(d.value))
-            elif isinstance(d, Var):
-                self.dims.append(d)
-            else:
-                raise ArgumentError(f"kernel {func.name!r}: parameter {buf.name} has dim {d}; "
-                                    "dims must be constants or size variables")
-        self.shape_text = "(" + ", ".join(d.name if isinstance(d, Var) else str(d) for d in self.dims) + ")"
-
-
 class CudaModule:
     """The CUDA kernels of one PrimFunc: call it with cupy (or numpy) arrays; read its code with `get_source`."""
 
@@ -97,7 +76,7 @@ class CudaModule:
         self.cubin = cubin
         self.arch = arch
         self.kernels: tuple[KernelSpec, ...] = code.kernels
-        self._params = [_Param(func, i) for i in range(len(func.params))]
+        self._params = [Param(func, i) for i in range(len(func.params))]
         self._lock = threading.Lock()
         self._loaded: dict[int, list[Any]] = {}  # device id -> the kernels' cupy Functions (keeping the Module)
 
@@ -196,53 +175,31 @@ class CudaModule:
             return fns
 
     # -- argument checks -----------------------------------------------------------------
-    def _fail(self, param: _Param | None, message: str) -> ArgumentError:
-        where = f"kernel {self.name!r}" + (f", parameter {param.name!r}" if param is not None else "")
-        return ArgumentError(f"{where}: {message}")
-
     def _check(self, cupy: Any, arrays: tuple[Any, ...]) -> list[int]:
         params = self._params
-        if len(arrays) != len(params):
-            names = ", ".join(p.name for p in params)
-            raise self._fail(None, f"expected {len(params)} arrays ({names}), got {len(arrays)}")
+        check_count(self.func, params, arrays)
         bound: dict[int, tuple[int, str]] = {}
         current = cupy.cuda.Device().id
         for i, (p, a) in enumerate(zip(params, arrays, strict=True)):
             on_gpu = isinstance(a, cupy.ndarray)
             if not on_gpu and not isinstance(a, np.ndarray):
-                raise self._fail(p, f"expected a cupy.ndarray (or numpy.ndarray) of {p.dtype}{p.shape_text}, "
-                                    f"got {type(a).__name__}")
-            if a.dtype != p.dtype:
-                raise self._fail(p, f"expected dtype {p.dtype}, got {a.dtype}")
-            if a.ndim != len(p.dims):
-                raise self._fail(p, f"expected {len(p.dims)} dims {p.shape_text}, got {a.ndim} dims {a.shape}")
-            for axis, (want, got) in enumerate(zip(p.dims, a.shape, strict=True)):
-                if isinstance(want, int):
-                    if got != want:
-                        raise self._fail(p, f"expected shape {p.shape_text}, got {a.shape} (dim {axis})")
-                    continue
-                prev = bound.get(id(want))
-                if prev is None:
-                    if got > _INT32_MAX and want.dtype == "int32":
-                        raise self._fail(p, f"dim {axis} ({want.name}) = {got} exceeds the kernel's int32 sizes")
-                    bound[id(want)] = (got, f"{p.name}.shape[{axis}]")
-                elif prev[0] != got:
-                    raise self._fail(p, f"size {want.name} is {prev[0]} from {prev[1]} but {got} here "
-                                        f"(shape {a.shape}, expected {p.shape_text})")
+                raise p.error(f"expected a cupy.ndarray (or numpy.ndarray) of {p.dtype}{p.shape_text}, "
+                              f"got {type(a).__name__}")
+            p.check_shape(a, bound)
             if not a.flags.c_contiguous:
-                raise self._fail(p, f"expected a C-contiguous array, got strides {a.strides} "
-                                    f"(use {'cupy' if on_gpu else 'np'}.ascontiguousarray)")
+                raise p.error(f"expected a C-contiguous array, got strides {a.strides} "
+                              f"(use {'cupy' if on_gpu else 'np'}.ascontiguousarray)")
             if on_gpu:
                 if a.device.id != current:
-                    raise self._fail(p, f"the array is on device {a.device.id}, the kernels run on the current "
-                                        f"device {current} (use `with cupy.cuda.Device({a.device.id}):`)")
+                    raise p.error(f"the array is on device {a.device.id}, the kernels run on the current "
+                                  f"device {current} (use `with cupy.cuda.Device({a.device.id}):`)")
                 if a.data.ptr % a.dtype.itemsize:
-                    raise self._fail(p, "expected an aligned array")
+                    raise p.error("expected an aligned array")
             else:
                 if not a.flags.aligned:
-                    raise self._fail(p, "expected an aligned array")
+                    raise p.error("expected an aligned array")
                 if i in self.code.written and not a.flags.writeable:
-                    raise self._fail(p, "expected a writeable array (a kernel writes this parameter)")
+                    raise p.error("expected a writeable array (a kernel writes this parameter)")
         self._check_overlap(cupy, arrays)
         return [bound[id(v)][0] for v in self.code.size_vars]
 
@@ -259,5 +216,5 @@ class CudaModule:
                 else:
                     shared = bool(np.may_share_memory(a, b))
                 if shared:
-                    raise self._fail(self._params[i], f"shares memory with parameter {self._params[j].name!r}; "
-                                                      "kernels need distinct arrays")
+                    raise self._params[i].error(f"shares memory with parameter {self._params[j].name!r}; "
+                                                "kernels need distinct arrays")

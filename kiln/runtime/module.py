@@ -45,11 +45,15 @@ def numpy_dtype(dtype: str) -> np.dtype[Any]:
     return np.dtype(np.bool_) if dtype == "bool" else np.dtype(dtype)
 
 
-class _Param:
-    """What one parameter accepts: dtype, ndim, and per dim a static size or a symbolic Var."""
+class Param:
+    """What one kernel parameter accepts: dtype, ndim, and per dim a static size or a symbolic Var.
+
+    Shared by the CPU `Module` and the `CudaModule`, which check their arrays the same way.
+    """
 
     def __init__(self, func: PrimFunc, index: int) -> None:
         buf = func.params[index]
+        self.kernel = func.name
         self.name = buf.name
         self.dtype = numpy_dtype(buf.dtype)
         self.dims: list[int | Var] = []
@@ -62,6 +66,37 @@ class _Param:
                 raise ArgumentError(f"kernel {func.name!r}: parameter {buf.name} has dim {d}; "
                                     "dims must be constants or size variables")
         self.shape_text = "(" + ", ".join(d.name if isinstance(d, Var) else str(d) for d in self.dims) + ")"
+
+    def error(self, message: str) -> ArgumentError:
+        """An `ArgumentError` naming the kernel and this parameter."""
+        return ArgumentError(f"kernel {self.kernel!r}, parameter {self.name!r}: {message}")
+
+    def check_shape(self, a: Any, bound: dict[int, tuple[int, str]]) -> None:
+        """Checks `a`'s dtype, ndim and dims; binds its symbolic dims in `bound` (id(Var) -> (size, where))."""
+        if a.dtype != self.dtype:
+            raise self.error(f"expected dtype {self.dtype}, got {a.dtype}")
+        if a.ndim != len(self.dims):
+            raise self.error(f"expected {len(self.dims)} dims {self.shape_text}, got {a.ndim} dims {a.shape}")
+        for axis, (want, got) in enumerate(zip(self.dims, a.shape, strict=True)):
+            if isinstance(want, int):
+                if got != want:
+                    raise self.error(f"expected shape {self.shape_text}, got {a.shape} (dim {axis})")
+                continue
+            prev = bound.get(id(want))
+            if prev is None:
+                if got > _INT32_MAX and want.dtype == "int32":
+                    raise self.error(f"dim {axis} ({want.name}) = {got} exceeds the kernel's int32 sizes")
+                bound[id(want)] = (got, f"{self.name}.shape[{axis}]")
+            elif prev[0] != got:
+                raise self.error(f"size {want.name} is {prev[0]} from {prev[1]} but {got} here "
+                                 f"(shape {a.shape}, expected {self.shape_text})")
+
+
+def check_count(func: PrimFunc, params: list[Param], arrays: tuple[Any, ...]) -> None:
+    """Refuses a call with another number of arrays than `func` has buffer parameters."""
+    if len(arrays) != len(params):
+        names = ", ".join(p.name for p in params)
+        raise ArgumentError(f"kernel {func.name!r}: expected {len(params)} arrays ({names}), got {len(arrays)}")
 
 
 class Module:
@@ -89,7 +124,7 @@ class Module:
         self.func = func
         self.name = func.name
         self.target = target
-        self._params = [_Param(func, i) for i in range(len(func.params))]
+        self._params = [Param(func, i) for i in range(len(func.params))]
         self._size_vars = func.size_vars
         self._sources = dict(sources or {})
         self._regenerate = regenerate
@@ -123,48 +158,25 @@ class Module:
                 f"for sizes {dict(zip((v.name for v in self._size_vars), sizes, strict=True))}"
             )
 
-    def _fail(self, param: _Param | None, message: str) -> ArgumentError:
-        where = f"kernel {self.name!r}" + (f", parameter {param.name!r}" if param is not None else "")
-        return ArgumentError(f"{where}: {message}")
-
     def _check(self, arrays: tuple[Any, ...]) -> list[int]:
         params = self._params
-        if len(arrays) != len(params):
-            names = ", ".join(p.name for p in params)
-            raise self._fail(None, f"expected {len(params)} arrays ({names}), got {len(arrays)}")
+        check_count(self.func, params, arrays)
         bound: dict[int, tuple[int, str]] = {}
         for p, a in zip(params, arrays, strict=True):
             if not isinstance(a, np.ndarray):
-                raise self._fail(p, f"expected a numpy.ndarray of {p.dtype}{p.shape_text}, got {type(a).__name__}")
-            if a.dtype != p.dtype:
-                raise self._fail(p, f"expected dtype {p.dtype}, got {a.dtype}")
-            if a.ndim != len(p.dims):
-                raise self._fail(p, f"expected {len(p.dims)} dims {p.shape_text}, got {a.ndim} dims {a.shape}")
-            for axis, (want, got) in enumerate(zip(p.dims, a.shape, strict=True)):
-                if isinstance(want, int):
-                    if got != want:
-                        raise self._fail(p, f"expected shape {p.shape_text}, got {a.shape} (dim {axis})")
-                    continue
-                prev = bound.get(id(want))
-                if prev is None:
-                    if got > _INT32_MAX and want.dtype == "int32":
-                        raise self._fail(p, f"dim {axis} ({want.name}) = {got} exceeds the kernel's int32 sizes")
-                    bound[id(want)] = (got, f"{p.name}.shape[{axis}]")
-                elif prev[0] != got:
-                    raise self._fail(p, f"size {want.name} is {prev[0]} from {prev[1]} but {got} here "
-                                        f"(shape {a.shape}, expected {p.shape_text})")
+                raise p.error(f"expected a numpy.ndarray of {p.dtype}{p.shape_text}, got {type(a).__name__}")
+            p.check_shape(a, bound)
             if not a.flags.c_contiguous:
-                raise self._fail(p, f"expected a C-contiguous array, got strides {a.strides} "
-                                    "(use np.ascontiguousarray)")
+                raise p.error(f"expected a C-contiguous array, got strides {a.strides} (use np.ascontiguousarray)")
             if not a.flags.aligned:
-                raise self._fail(p, "expected an aligned array")
+                raise p.error("expected an aligned array")
             if not a.flags.writeable:
-                raise self._fail(p, "expected a writeable array (kernels may write any parameter)")
+                raise p.error("expected a writeable array (kernels may write any parameter)")
         for i in range(len(arrays)):
             for j in range(i):
                 if arrays[i].size and arrays[j].size and np.may_share_memory(arrays[i], arrays[j]):
-                    raise self._fail(params[i], f"shares memory with parameter {params[j].name!r}; "
-                                                "kernels need distinct arrays")
+                    raise params[i].error(f"shares memory with parameter {params[j].name!r}; "
+                                          "kernels need distinct arrays")
         return [bound[id(v)][0] for v in self._size_vars]
 
     def get_source(self, fmt: str = "ll") -> str:
