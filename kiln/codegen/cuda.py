@@ -62,8 +62,6 @@ import re
 from collections.abc import Sequence
 
 from kiln.codegen.cuda_host import (
-    BLOCK_LIMITS,
-    GRID_LIMITS,
     SYNC_NAME,
     CudaCode,
     KernelArg,
@@ -78,6 +76,7 @@ from kiln.codegen.cuda_host import (
     syncthreads,
 )
 from kiln.codegen.jit import CodegenError
+from kiln.ir.dtype import DataType
 from kiln.target import Target
 from kiln.tir.expr import (
     EQ,
@@ -150,8 +149,6 @@ C_TYPES: dict[str, str] = {
     "float32": "float",
     "float64": "double",
 }
-_BYTES = {"bool": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "float16": 2, "float32": 4,
-          "float64": 8}
 _NARROW_INTS = ("bool", "int8", "int16", "uint8")  # C computes these in int: results are cast back
 _INT_RANGE = {"int8": (-128, 127), "int16": (-(2**15), 2**15 - 1), "uint8": (0, 255)}
 _C_OPS: dict[type, str] = {Add: "+", Sub: "-", Mul: "*", EQ: "==", NE: "!=", LT: "<", LE: "<=", GT: ">", GE: ">=",
@@ -707,20 +704,8 @@ class CodeGenCUDA:
         param_index: dict[int, int], ws_index: dict[int, int], narrow: set[int], size_vars: Sequence[Var],
     ) -> tuple[KernelSpec, str, set[int], bool]:
         launch = scan_launch(func, body)
-        block = tuple(launch.block.get(f"threadIdx.{a}", 1) for a in "xyz")
-        for a, n, limit in zip("xyz", block, BLOCK_LIMITS, strict=True):
-            if n > limit:
-                raise CodegenError(f"{func}: threadIdx.{a} extent {n} exceeds the CUDA limit of {limit}")
+        block, grid = launch.shape(func, self.max_threads)
         threads = block[0] * block[1] * block[2]
-        if threads > self.max_threads:
-            raise CodegenError(f"{func}: {threads} threads per block ({block[0]} x {block[1]} x {block[2]}) exceed "
-                               f"the target's max-threads-per-block {self.max_threads}")
-        gx, gy, gz = (tuple(launch.grid.get(f"blockIdx.{a}", [])) for a in "xyz")
-        grid = (gx, gy, gz)
-        for a, extents, limit in zip("xyz", grid, GRID_LIMITS, strict=True):
-            for e in extents:
-                if isinstance(e, IntImm) and e.value > limit:
-                    raise CodegenError(f"{func}: blockIdx.{a} extent {e.value} exceeds the CUDA limit of {limit}")
         multi = {f"threadIdx.{a}": n > 1 for a, n in zip("xyz", block, strict=True)}
         for a, extents in zip("xyz", grid, strict=True):
             multi[f"blockIdx.{a}"] = any(not (isinstance(e, IntImm) and e.value <= 1) for e in extents)
@@ -746,7 +731,7 @@ class CodeGenCUDA:
         for buf in ordered:
             if buf.scope == "shared":
                 shared[id(buf)] = offset
-                offset += -(-_const_size(func, buf) * _BYTES[buf.dtype] // 16) * 16
+                offset += -(-_const_size(func, buf) * DataType.of(buf.dtype).bytes // 16) * 16
         if offset > self.max_shared:
             raise CodegenError(f"{func}: kernel {kname} needs {offset} bytes of shared memory, more than the "
                                f"target's max-shared-memory-per-block {self.max_shared}")
@@ -781,7 +766,7 @@ class CodeGenCUDA:
         writer.stmt(body, frozenset(t for t, m in multi.items() if m))
         head = f'extern "C" __global__ void __launch_bounds__({threads}) {kname}({", ".join(decls)}) {{'
         text = "\n".join([head, *writer.lines, "}", ""])
-        spec = KernelSpec(kname, grid, (block[0], block[1], block[2]), offset, tuple(args))
+        spec = KernelSpec(kname, grid, block, offset, tuple(args))
         half = writer.uses_half or any(b.dtype == "float16" for b in (*params, *workspaces) if id(b) in touched)
         return spec, text, stored, half
 

@@ -75,6 +75,7 @@ THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadI
 BLOCK_LIMITS = (1024, 1024, 64)
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 SYNC_NAME = "syncthreads"
+Grid = tuple[tuple[PrimExpr, ...], tuple[PrimExpr, ...], tuple[PrimExpr, ...]]  # extents per blockIdx axis
 
 
 def syncthreads() -> Evaluate:
@@ -103,7 +104,7 @@ class KernelSpec:
     """
 
     name: str
-    grid: tuple[tuple[PrimExpr, ...], tuple[PrimExpr, ...], tuple[PrimExpr, ...]]
+    grid: Grid
     block: tuple[int, int, int]
     shared_bytes: int
     args: tuple[KernelArg, ...]
@@ -311,6 +312,23 @@ class Launch:
 
     block: dict[str, int] = attrs.field(factory=dict)  # threadIdx tag -> block extent
     grid: dict[str, list[PrimExpr]] = attrs.field(factory=dict)  # blockIdx tag -> distinct extents
+
+    def shape(self, func: str, max_threads: int) -> tuple[tuple[int, int, int], Grid]:
+        """(block, grid) per axis x, y, z, checked against CUDA's limits and the target's `max_threads`."""
+        bx, by, bz = (self.block.get(f"threadIdx.{a}", 1) for a in "xyz")
+        for a, n, limit in zip("xyz", (bx, by, bz), BLOCK_LIMITS, strict=True):
+            if n > limit:
+                raise CodegenError(f"{func}: threadIdx.{a} extent {n} exceeds the CUDA limit of {limit}")
+        if bx * by * bz > max_threads:
+            raise CodegenError(f"{func}: {bx * by * bz} threads per block ({bx} x {by} x {bz}) exceed "
+                               f"the target's max-threads-per-block {max_threads}")
+        gx, gy, gz = (tuple(self.grid.get(f"blockIdx.{a}", [])) for a in "xyz")
+        grid = (gx, gy, gz)
+        for a, extents, limit in zip("xyz", grid, GRID_LIMITS, strict=True):
+            for e in extents:
+                if isinstance(e, IntImm) and e.value > limit:
+                    raise CodegenError(f"{func}: blockIdx.{a} extent {e.value} exceeds the CUDA limit of {limit}")
+        return (bx, by, bz), grid
 
 
 def scan_launch(func: str, body: Stmt) -> Launch:

@@ -65,6 +65,11 @@ class DataType:
         return _TYPES[self.name][1]
 
     @property
+    def bytes(self) -> int:
+        """Bytes one element takes in memory (bool: 1)."""
+        return max(self.bits, 8) // 8
+
+    @property
     def is_float(self) -> bool:
         """Whether this is a floating-point type."""
         return self.kind == "float"

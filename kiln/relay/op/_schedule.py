@@ -36,7 +36,7 @@ _PARALLEL_MIN = 16 * 1024  # elements below which a kernel runs on one core (for
 
 def vector_lanes(dtype: str) -> int:
     """Elements of `dtype` in one vector register."""
-    return max(1, _VECTOR_BYTES * 8 // max(DataType.of(dtype).bits, 8))  # bool counts as a byte
+    return max(1, _VECTOR_BYTES // DataType.of(dtype).bytes)
 
 
 def op_attr(t: te.Tensor, key: str) -> Any:
