@@ -328,9 +328,9 @@ class _Product:
                         name=f"{name}_packed_b", attrs={KEEP: True})
         k = te.reduce_axis((0, self.k), name="k")
         return te.compute(self.shape, lambda i, j: te.sum(pa[i // bm, k, i % bm] * pb[j // bn, k, j % bn], axis=k),
-                          name=name, attrs={"tiled": (bm, bn), "packs": (pa, pb)})
+                          name=name, attrs={"tiles": (bm, bn), "packs": (pa, pb)})
 
-    def inner(self, name: str) -> te.Tensor:
+    def inner(self, name: str, tiles: tuple[int, int]) -> te.Tensor:
         """The inner form: partial sums `width` lanes wide along K, then their sum."""
         k, lanes = self.k, vector_lanes(self.dtype)
         width = next((w for w in (lanes, lanes // 2, lanes // 4) if k % w == 0), lanes)
@@ -351,12 +351,12 @@ class _Product:
             index = (*i, kl)
             return te.sum(p[index], axis=kl)
 
-        return te.compute(self.shape, total, name=name, attrs={"partial": p})
+        return te.compute(self.shape, total, name=name, attrs={"tiles": tiles, "partial": p})
 
-    def outer(self, name: str) -> te.Tensor:
+    def outer(self, name: str, tiles: tuple[int, int]) -> te.Tensor:
         """The outer form: the direct sum along K, scheduled with N in vectors."""
         k = te.reduce_axis((0, self.k), name="k")
-        return te.compute(self.shape, lambda *i: te.sum(self.term(i, k), axis=k), name=name, attrs={"tiled": True})
+        return te.compute(self.shape, lambda *i: te.sum(self.term(i, k), axis=k), name=name, attrs={"tiles": tiles})
 
 
 def _product_compute(attrs: DenseAttrs | MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tensor],
@@ -369,10 +369,13 @@ def _product_compute(attrs: DenseAttrs | MatmulAttrs | BatchMatmulAttrs, inputs:
     prod = _Product(attrs, inputs, out_type)
     name = "dense" if isinstance(attrs, DenseAttrs) else "matmul"
     *_, m, n = prod.shape
-    bm, bn = _MAX_TILE, 4 * vector_lanes(prod.dtype)
-    if prod.nb == 0 and m * n * prod.k >= _PACK_MIN and m % bm == 0 and n % bn == 0:
-        return [prod.packed(name, bm, bn)]
-    return [prod.inner(name) if prod.b_nk else prod.outer(name)]
+    lanes = vector_lanes(prod.dtype)
+    if prod.nb == 0 and m * n * prod.k >= _PACK_MIN and m % _MAX_TILE == 0 and n % (4 * lanes) == 0:
+        return [prod.packed(name, _MAX_TILE, 4 * lanes)]
+    bm = divisor_at_most(m, _MAX_TILE)
+    if prod.b_nk:  # bm x bn accumulators of `lanes` partial sums, with bm + bn vector loads per step
+        return [prod.inner(name, (bm, divisor_at_most(n, {4: 4, 3: 5}.get(bm, 8))))]
+    return [prod.outer(name, (bm, divisor_at_most(n, 4 * lanes)))]
 
 
 def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
@@ -383,16 +386,14 @@ def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: 
     while the row tiles of a stream past it.
     """
     (c,) = anchor_outs
-    partial = op_attr(c, "partial")
-    if partial is None and not op_attr(c, "tiled"):
+    tiles = op_attr(c, "tiles")
+    if tiles is None:  # the direct compute of a product with a 1-D side
         schedule_generic(sch, anchor_outs, outs, target)
         return
-    *_, m, n = tensor_shape(c)
+    bm, bn = tiles
+    partial = op_attr(c, "partial")
     lanes = vector_lanes(c.dtype)
-    bm = divisor_at_most(m, _MAX_TILE)
-    bn = divisor_at_most(n, {4: 4, 3: 5}.get(bm, 8)) if partial is not None else divisor_at_most(n, 4 * lanes)
     for pack in op_attr(c, "packs") or ():
-        bm, bn = op_attr(c, "tiled")
         px, _, pz = sch[pack].op.axis
         sch[pack].parallel(px)
         sch[pack].vectorize(pz)
