@@ -11,12 +11,8 @@ matmul >= 0.5x the faster numpy.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
-from timing import median_time
+from timing import median_time, seconds_without_coretype
 
 import kiln
 from kiln import te
@@ -104,10 +100,7 @@ print(statistics.median(t))
 
 def numpy_matmul_without_coretype(m: int, n: int, k: int) -> float:
     """numpy's matmul time in a subprocess with OPENBLAS_CORETYPE removed."""
-    env = {key: v for key, v in os.environ.items() if key != "OPENBLAS_CORETYPE"}
-    code = _NUMPY_MATMUL.format(m=m, n=n, k=k)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip())
+    return seconds_without_coretype(_NUMPY_MATMUL.format(m=m, n=n, k=k))
 
 
 def main() -> None:

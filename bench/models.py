@@ -12,13 +12,11 @@ Bars from the issue: MLP >= 0.7x numpy, CNN >= 0.5x onnxruntime.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from typing import Any
 
 import numpy as np
-from timing import median_time
+from timing import median_time, seconds_without_coretype
 
 from kiln import relay
 from kiln.testing import models
@@ -67,7 +65,7 @@ def onnx_session(kind: str, params: dict[str, np.ndarray], batch: int) -> Any | 
 _NUMPY_ELSEWHERE = """
 import sys, numpy as np
 sys.path.insert(0, {bench!r})
-from timing import median_time
+from timing import median_time, seconds_without_coretype
 from kiln.testing import models
 func, params = models.{kind}()
 rng = np.random.default_rng(1)
@@ -78,10 +76,8 @@ print(median_time(lambda: models.{kind}_numpy(x, params), warmup=2))
 
 def numpy_without_coretype(kind: str, shape: tuple[int, ...]) -> float:
     """numpy's time on the model in a subprocess with OPENBLAS_CORETYPE removed (its BLAS at full speed)."""
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
-    code = _NUMPY_ELSEWHERE.format(bench=os.path.dirname(os.path.abspath(__file__)), kind=kind, shape=shape)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    bench = os.path.dirname(os.path.abspath(__file__))
+    return seconds_without_coretype(_NUMPY_ELSEWHERE.format(bench=bench, kind=kind, shape=shape))
 
 
 def run(kind: str) -> None:
