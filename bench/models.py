@@ -65,7 +65,7 @@ def onnx_session(kind: str, params: dict[str, np.ndarray], batch: int) -> Any | 
 _NUMPY_ELSEWHERE = """
 import sys, numpy as np
 sys.path.insert(0, {bench!r})
-from timing import median_time, seconds_without_coretype
+from timing import median_time
 from kiln.testing import models
 func, params = models.{kind}()
 rng = np.random.default_rng(1)
