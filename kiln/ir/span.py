@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import sys
+from collections.abc import Iterator
 from types import FrameType
 
 import attrs
@@ -28,7 +31,11 @@ class Span:
 
     @staticmethod
     def from_caller() -> Span | None:
-        """The first Python frame outside kiln's IR and op library: where a user built an expression."""
+        """Where a user built an expression: the span of an enclosing `span_scope`, else the
+        first Python frame outside kiln's IR and op library."""
+        scoped = _SCOPE.get()
+        if scoped is not None:
+            return scoped
         frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             path = frame.f_code.co_filename
@@ -41,3 +48,16 @@ class Span:
 def _short(path: str) -> str:
     cwd = os.getcwd()
     return os.path.relpath(path, cwd) if path.startswith(cwd + os.sep) else path
+
+
+_SCOPE: contextvars.ContextVar[Span | None] = contextvars.ContextVar("kiln_span_scope", default=None)
+
+
+@contextlib.contextmanager
+def span_scope(span: Span | None) -> Iterator[None]:
+    """Expressions built inside take `span` (a frontend's node name) instead of the Python call site."""
+    token = _SCOPE.set(span)
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)

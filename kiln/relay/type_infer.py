@@ -170,10 +170,11 @@ class _Inferencer:
 
     # -- collecting constraints -----------------------------------------------------
 
-    def collect(self, root: Expr) -> None:
-        for node in post_order(root):
+    def collect(self, root: Expr, reuse: bool = False) -> None:
+        typed = _has_type if reuse else None
+        for node in post_order(root, typed):
             self.nodes.append(node)
-            self.types[id(node)] = self.constrain(node)
+            self.types[id(node)] = node.checked_type if reuse and node.has_type else self.constrain(node)
 
     def constrain(self, node: Expr) -> Type:
         if isinstance(node, Var):
@@ -320,15 +321,23 @@ def _tuple_get(index: int) -> Callable[[list[Type], Any], Type | None]:
     return relation
 
 
-def infer_type(expr: Expr, module: IRModule | None = None) -> Expr:
+def _has_type(node: Expr) -> bool:
+    return node.has_type
+
+
+def infer_type(expr: Expr, module: IRModule | None = None, *, reuse: bool = False) -> Expr:
     """Types every node of `expr` (sets `checked_type`) and returns it.
+
+    With `reuse`, a sub-expression that is typed already keeps its type and is
+    not walked again: a graph built one node at a time (as the ONNX importer
+    builds it) is then typed in linear time overall.
 
     Raises:
         TypeInferenceError: listing every independent error, each with the op,
             the argument, expected against found, the span and the IR around it.
     """
     inf = _Inferencer(module)
-    inf.collect(expr)
+    inf.collect(expr, reuse)
     inf.solve()
     inf.finish()
     if inf.errors:

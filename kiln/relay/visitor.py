@@ -7,7 +7,7 @@ explicit stack. `ExprVisitor` and `ExprMutator` are built on it, so a chain of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from kiln.registry import Op
 from kiln.relay.expr import (
@@ -24,8 +24,12 @@ from kiln.relay.expr import (
 )
 
 
-def post_order(root: Expr) -> list[Expr]:
-    """Every node reachable from `root`, each once, children before parents."""
+def post_order(root: Expr, leaf: Callable[[Expr], bool] | None = None) -> list[Expr]:
+    """Every node reachable from `root`, each once, children before parents.
+
+    A node for which `leaf(node)` is true is listed but its children are not
+    walked (unless another path reaches them).
+    """
     out: list[Expr] = []
     seen: set[int] = set()
     stack: list[tuple[Expr, bool]] = [(root, False)]
@@ -38,6 +42,8 @@ def post_order(root: Expr) -> list[Expr]:
             continue
         seen.add(id(node))
         stack.append((node, True))
+        if leaf is not None and node is not root and leaf(node):
+            continue
         for child in reversed(node.children()):
             if id(child) not in seen:
                 stack.append((child, False))
