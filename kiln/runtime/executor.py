@@ -236,6 +236,10 @@ class _Host:
     def put(arr: np.ndarray) -> Any:
         return np.array(arr, copy=True)  # writeable, as kernel arguments must be
 
+    @staticmethod
+    def overlaps(a: Any, b: Any) -> bool:
+        return bool(np.may_share_memory(a, b))
+
 
 class _Device:
     """The arrays of a cuda library: cupy arrays on the current device."""
@@ -254,6 +258,9 @@ class _Device:
 
     def put(self, arr: np.ndarray) -> Any:
         return self.cupy.asarray(arr)
+
+    def overlaps(self, a: Any, b: Any) -> bool:
+        return bool(self.cupy.may_share_memory(a, b))
 
 
 class GraphExecutor:
@@ -324,6 +331,10 @@ class GraphExecutor:
         if missing:
             raise ExecutorError(f"inputs not set: {missing}; set them with set_input(name, array)")
         values = list(self._values)
+        # inputs that overlap (the same array given for two inputs) go as copies: kernel pointers are noalias
+        for n, s in enumerate(g.inputs):
+            if any(self._xp.overlaps(values[s], values[t]) for t in g.inputs[:n]):
+                values[s] = values[s].copy()
         fresh: dict[int, np.ndarray] = {}
         for s, slot in enumerate(g.slots):
             if slot.kind == "output":
