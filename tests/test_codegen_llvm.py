@@ -51,6 +51,28 @@ def test_elementwise_add_mul_matches_numpy_for_each_dtype(dtype, kind):
     np.testing.assert_allclose(out, expected, rtol=1e-6 if dtype == "float32" else 1e-12)
 
 
+@pytest.mark.parametrize("kind", [tir.ForKind.SERIAL, tir.ForKind.VECTORIZED])
+def test_float16_is_stored_as_half_and_computed_in_float(kind):
+    m = elementwise("half", "float16", "float16", lambda a, b: a * b + a, kind=kind)
+    a, b = _rand("float16", seed=1), _rand("float16", seed=2)
+    out = np.zeros_like(a)
+    m(a, b, out)
+    # one rounding to half at the store, of the float32 result
+    want = (a.astype(np.float32) * b.astype(np.float32) + a.astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize(("src", "dst"), [("float32", "float16"), ("float64", "float16"), ("int32", "float16"),
+                                          ("float16", "float64"), ("float16", "int32"), ("float16", "float32")])
+def test_casts_to_and_from_float16_round_like_numpy(src, dst):
+    m = elementwise("cast16", src, dst, lambda a: tir.cast(dst, a), nargs=1)
+    a = _rand(src, seed=5) * (7 if np.dtype(src).kind == "i" else 1)
+    a = a.astype(src) / (3 if np.dtype(src).kind == "f" else 1)
+    out = np.zeros(a.shape, dst)
+    m(a.astype(src), out)
+    np.testing.assert_array_equal(out, a.astype(src).astype(dst))
+
+
 def test_bool_logic_matches_numpy():
     m = elementwise("logic", "bool", "bool", lambda a, b: tir.logical_not(tir.binary(tir.And, a, b)))
     a, b = _rand("bool", seed=1), _rand("bool", seed=2)
@@ -237,9 +259,9 @@ def test_gpu_loop_on_llvm_target_is_an_error():
 
 
 def test_unsupported_dtype_is_an_error():
-    A = tir.buffer("A", (4,), "float16")
+    A = tir.buffer("A", (4,), "bfloat16")
     i = tir.Var("i")
-    with pytest.raises(jit.CodegenError, match="float16"):
+    with pytest.raises(jit.CodegenError, match="does not support dtype 'bfloat16'"):
         kiln.build(tir.PrimFunc("half", [A], tir.for_range(i, 4, tir.BufferStore(A, A.load(i), (i,)))))
 
 

@@ -88,8 +88,12 @@ CodegenError = jit.CodegenError
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
 
-# dtype -> (register type, memory type, bits in memory)
+F16 = ir.HalfType()
+
+# dtype -> (register type, memory type, bits in memory). float16 is a storage type: its values
+# are float registers, widened on load and rounded to half precision on store and on casts.
 _TYPES: dict[str, tuple[ir.Type, ir.Type, int]] = {
+    "float16": (llvm_math.F32, F16, 16),
     "float32": (llvm_math.F32, llvm_math.F32, 32),
     "float64": (llvm_math.F64, llvm_math.F64, 64),
     "int8": (I8, I8, 8),
@@ -237,6 +241,8 @@ class CodeGenLLVM:
             value = self.expr(s.value)
             if s.buffer.dtype == "bool":
                 value = b.zext(value, I8)
+            elif s.buffer.dtype == "float16":
+                value = b.fptrunc(value, F16)
             ptr = self._address(s.buffer, s.indices[0])
             b.store(value, ptr, align=_TYPES[s.buffer.dtype][2] // 8)
         elif isinstance(s, For):
@@ -478,6 +484,8 @@ class CodeGenLLVM:
         if isinstance(e, BufferLoad):
             ptr = self._address(e.buffer, e.indices[0])
             v = b.load(ptr, typ=_mem(e.dtype), align=_TYPES[e.dtype][2] // 8)
+            if e.dtype == "float16":
+                return b.fpext(v, llvm_math.F32)
             return b.icmp_unsigned("!=", v, I8(0)) if e.dtype == "bool" else v
         if isinstance(e, BinaryOp):
             return self._binary(e)
@@ -608,6 +616,18 @@ class CodeGenLLVM:
         b = self.f.builder
         if src == dst:
             return v
+        if dst == "float16":  # round to half precision, held in a float register
+            if is_float(src):
+                half = b.fptrunc(v, F16)
+            elif src == "bool":
+                half = b.uitofp(v, F16)
+            else:
+                half = b.sitofp(v, F16) if _signed(src) else b.uitofp(v, F16)
+            return b.fpext(half, llvm_math.F32)
+        if src == "float16":
+            src = "float32"
+            if dst == src:
+                return v
         to = _reg(dst)
         if dst == "bool":
             return b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0)) if is_float(src) \
