@@ -190,6 +190,18 @@ CASES: list[Case] = [
     Case("nn.dense", (f16(4, 8), f16(5, 8)), **HALF_SUMS),
     Case("nn.dense", (ints(4, 8, dtype="int8"), ints(5, 8, dtype="int8")), {"out_dtype": "int32"}, label="int8"),
     Case("add", (ints(2, 3, dtype="int64"), ints(3, dtype="int64")), label="int64"),
+    # image (appended last, so that the cases above keep their random inputs)
+    Case("image.resize", (f32(1, 2, 4, 5),), {"size": (7, 3), "axes": (2, 3), "method": "linear",
+                                              "coordinate_transformation_mode": "align_corners"}),
+    Case("image.resize", (f32(1, 2, 4, 5),), {"size": (6, 9), "axes": (2, 3), "method": "cubic",
+                                              "coordinate_transformation_mode": "tf_crop_and_resize",
+                                              "roi": (0.125, -0.25, 0.875, 1.25), "exclude_outside": True,
+                                              "extrapolation_value": 0.5}, label="cubic"),
+    Case("image.resize", (ints(2, 3, 5),), {"size": (4, 9), "axes": (1, 2), "nearest_mode": "round_prefer_ceil",
+                                            "coordinate_transformation_mode": "asymmetric", "scales": (1.5, 1.8)},
+         label="nearest"),
+    Case("image.resize", (f16(1, 2, 3, 4),), {"size": (5, 7), "axes": (2, 3), "method": "linear"}, **HALF),
+    Case("nn.pad", (f32(3, 4), scalar(1.5)), {"pad_width": ((5, 2), (1, 6)), "pad_mode": "wrap"}, label="wrap"),
 ]
 BY_ID = {c.id: c for c in CASES}
 
@@ -204,7 +216,8 @@ HOST_RUN = [
     "nn.dense", "nn.batch_matmul",  # dense and matmul
     "nn.conv2d", "nn.conv2d_transpose",  # convolutions
     "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d",  # pooling
-    "add-float16", "exp-float16", "sum-float16", "nn.dense-int8",  # other dtypes
+    "image.resize", "image.resize-cubic", "nn.pad-wrap",  # image, and pads wider than the axis
+    "add-float16", "exp-float16", "sum-float16", "nn.dense-int8", "image.resize-float16",  # other dtypes
 ]
 
 

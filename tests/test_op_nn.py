@@ -458,7 +458,10 @@ def test_pad_errors() -> None:
     with pytest.raises(AttrsError, match=r"op nn.pad: attribute pad_width must be a list of \(before, after\) pairs"):
         make_attrs("nn.pad", pad_width=[(1, -1)])
     with pytest.raises(AttrsError, match=r"op nn.pad: attribute pad_mode must be one of 'constant', 'edge', 'reflect'"):
-        make_attrs("nn.pad", pad_width=[(1, 1)], pad_mode="wrap")
+        make_attrs("nn.pad", pad_width=[(1, 1)], pad_mode="symmetric")
+    for mode in ("edge", "wrap"):
+        with pytest.raises(RelationError, match=rf"{mode} padding of axis 0 needs a non-empty axis, found size 0"):
+            rel("nn.pad", [TensorType((0, 4)), scalar], pad_width=[(1, 0), (0, 0)], pad_mode=mode)
 
 
 def test_pad_reference_modes() -> None:
@@ -471,6 +474,8 @@ def test_pad_reference_modes() -> None:
     assert edge.tolist() == [[1, 1, 1, 2, 3, 3], [1, 1, 1, 2, 3, 3], [4, 4, 4, 5, 6, 6]]
     reflect = check_ref_agrees("nn.pad", [x, value], pad_width=width, pad_mode="reflect")
     assert reflect.tolist() == [[6, 5, 4, 5, 6, 5], [3, 2, 1, 2, 3, 2], [6, 5, 4, 5, 6, 5]]
+    wrap = check_ref_agrees("nn.pad", [x, value], pad_width=width, pad_mode="wrap")
+    assert wrap.tolist() == [[5, 6, 4, 5, 6, 4], [2, 3, 1, 2, 3, 1], [5, 6, 4, 5, 6, 4]]
 
 
 def test_pad_constructor_makes_a_scalar_pad_value_of_the_data_dtype() -> None:
@@ -580,7 +585,7 @@ def test_dropout_builds_the_identity_and_a_ones_mask(shape) -> None:
     check_build("nn.dropout", rand(*shape), rate=0.3)
 
 
-@pytest.mark.parametrize("pad_mode", ["constant", "edge", "reflect"])
+@pytest.mark.parametrize("pad_mode", ["constant", "edge", "reflect", "wrap"])
 @pytest.mark.parametrize(("shape", "pad_width"), [
     ((3, 4), ((1, 2), (0, 3))),
     ((5,), ((2, 4),)),
@@ -594,3 +599,8 @@ def test_pad_builds(pad_mode, shape, pad_width) -> None:
 def test_pad_builds_for_integers_and_large_inputs() -> None:
     check_build("nn.pad", _ints(3, 4), np.array(-7, np.int32), pad_width=((2, 1), (1, 2)))
     check_build("nn.pad", rand(64, 300), np.array(0.0, np.float32), pad_width=((1, 2), (3, 4)), pad_mode="reflect")
+
+
+def test_pad_wrap_builds_with_pads_wider_than_the_axis() -> None:
+    # numpy's wrap repeats the axis as often as needed; the floor modulo does the same
+    check_build("nn.pad", _ints(2, 3), np.array(0, np.int32), pad_width=((5, 3), (7, 4)), pad_mode="wrap")

@@ -193,6 +193,21 @@ def test_reshape_bad_newshape_is_an_attrs_error() -> None:
         reshape_attrs((2, -2))
 
 
+def test_reshape_allowzero_makes_a_zero_a_dim_of_size_zero() -> None:
+    attrs = T.ReshapeAttrs.make("reshape", newshape=(3, 4, 0), allowzero=True)
+    assert relation("reshape", [TensorType((0, 3, 4))], attrs) == TensorType((3, 4, 0))
+    assert check("reshape", attrs, rand(0, 3, 4)).shape == (3, 4, 0)
+    # without allowzero the same 0 copies input dim 2
+    assert relation("reshape", [TensorType((1, 3, 4))], reshape_attrs((3, 1, 0))) == TensorType((3, 1, 4))
+    with rel_error(r"cannot reshape shape \(2, 3\) \(6 elements\) to newshape \(6, 0\)"):
+        relation("reshape", [TensorType((2, 3))], T.ReshapeAttrs.make("reshape", newshape=(6, 0), allowzero=True))
+    with pytest.raises(AttrsError, match=r"op reshape: attribute newshape must be a shape without both 0 and -1"):
+        T.ReshapeAttrs.make("reshape", newshape=(0, -1), allowzero=True)
+    assert T.reshape(var("x", shape=(0, 2)), (2, 0), allowzero=True).attrs == T.ReshapeAttrs(
+        newshape=(2, 0), allowzero=True
+    )
+
+
 # --- transpose -------------------------------------------------------------------------
 
 
@@ -751,6 +766,11 @@ def test_transform_ops_have_a_compute(op: str) -> None:
 )
 def test_reshape_compiles(shape: tuple[int, ...], newshape: tuple[int, ...], dtype: str) -> None:
     check_build("reshape", data(shape, dtype), newshape=newshape)
+
+
+def test_reshape_with_allowzero_compiles_empty_tensors() -> None:
+    check_build("reshape", data((0, 3, 4), "float32"), newshape=(3, 4, 0), allowzero=True)
+    check_build("reshape", data((2, 0), "int32"), newshape=(0, 5), allowzero=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -25,7 +25,7 @@ from kiln.relay.expr import (
     const,
     var,
 )
-from kiln.relay.op import nn
+from kiln.relay.op import image, nn
 from kiln.relay.op.reduce import argmax, argmin, max, mean, min, prod, sum
 from kiln.relay.op.tensor import (
     abs,
@@ -138,6 +138,7 @@ __all__ = [
     "full",
     "greater",
     "greater_equal",
+    "image",
     "infer_type",
     "less",
     "less_equal",

@@ -408,7 +408,8 @@ class PadAttrs(Attrs):
         converter=_to_pairs, validator=_pairs, metadata={"doc": "(before, after) per axis"}
     )
     pad_mode: str = attrs.field(
-        default="constant", validator=one_of("constant", "edge", "reflect"), metadata={"doc": "how to fill"}
+        default="constant", validator=one_of("constant", "edge", "reflect", "wrap"),
+        metadata={"doc": "how to fill: a constant, the edge value, a reflection, or the other end (wrap)"},
     )
 
 
@@ -428,8 +429,9 @@ def _pad_rel(arg_types: list[Type], attrs: PadAttrs) -> Type | None:
         if attrs.pad_mode == "reflect" and isinstance(d, int) and max(before, after) >= d:
             msg = f"reflect padding of axis {axis} by ({before}, {after}) needs each to be less than its size {d}"
             raise RelationError(msg, arg=0)
-        if attrs.pad_mode == "edge" and d == 0 and before + after:
-            raise RelationError(f"edge padding of axis {axis} needs a non-empty axis, found size 0", arg=0)
+        if attrs.pad_mode in ("edge", "wrap") and d == 0 and before + after:
+            msg = f"{attrs.pad_mode} padding of axis {axis} needs a non-empty axis, found size 0"
+            raise RelationError(msg, arg=0)
         shape.append(dim_add(d, before + after))
     return TensorType(tuple(shape), dtype)
 
@@ -437,11 +439,12 @@ def _pad_rel(arg_types: list[Type], attrs: PadAttrs) -> Type | None:
 def _pad_ref(attrs: PadAttrs, x: Array, pad_value: Array) -> Array:
     if attrs.pad_mode == "constant":
         return np.pad(x, attrs.pad_width, mode="constant", constant_values=pad_value.item())
-    mode: Any = attrs.pad_mode  # "edge" or "reflect", numpy's names too
+    mode: Any = attrs.pad_mode  # "edge", "reflect" or "wrap", numpy's names too
     return np.pad(x, attrs.pad_width, mode=mode)
 
 
-register_nn_op("nn.pad", "pads each axis by (before, after) with a constant, the edge value or a reflection",
+register_nn_op("nn.pad", "pads each axis by (before, after) with a constant, the edge value, a reflection "
+               "or the values from the other end (wrap)",
                [("data", "the input"), ("pad_value", "the fill value for constant mode, a scalar")],
                _pad_rel, _pad_ref, OpPattern.INJECTIVE, attrs_type=PadAttrs, level=2)
 
@@ -451,6 +454,8 @@ def _pad_source(mode: str, i: PrimExpr, before: int, size: int) -> PrimExpr:
     j = i - before
     if mode == "reflect":  # one reflection suffices: the relation keeps each pad below the size
         j = (size - 1) - te.abs((size - 1) - te.abs(j))
+    elif mode == "wrap":  # the floor modulo: pads may exceed the size, as numpy's wrap allows
+        j = j % size
     return clamp(j, size)  # for reflect too: it lets the bounds check see the index stays in the input
 
 
@@ -484,7 +489,7 @@ def pad(data: Expr, pad_width: Any, pad_value: Expr | float = 0.0, pad_mode: str
         pad_width: one (before, after) pair per axis.
         pad_value: the fill for constant mode: a scalar expression, or a number made a constant of data's
             dtype when data has a type annotation (float32 otherwise).
-        pad_mode: "constant", "edge" or "reflect".
+        pad_mode: "constant", "edge", "reflect" or "wrap" (the values from the other end, as numpy's wrap).
 
     Returns:
         The call of nn.pad.

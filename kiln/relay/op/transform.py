@@ -23,6 +23,7 @@ from kiln import te
 from kiln.ir.attrs import (
     Attrs,
     FieldError,
+    bool_value,
     float_value,
     int_range,
     int_tuple,
@@ -151,21 +152,30 @@ def _reshape_compute(attrs: Any, inputs: list[te.Tensor], out_type: Type) -> lis
 
 @attrs.frozen
 class ReshapeAttrs(Attrs):
-    """The new shape of reshape: 0 copies the input dim at that position, -1 is inferred."""
+    """The new shape of reshape: 0 copies the input dim at that position (a size 0 with allowzero), -1 is inferred."""
 
     newshape: tuple[int, ...] = attrs.field(
         converter=to_int_tuple, validator=int_tuple(lo=-1), metadata={"doc": "the new shape (0: copy, -1: infer)"}
+    )
+    allowzero: bool = attrs.field(
+        default=False, validator=bool_value,
+        metadata={"doc": "a 0 in newshape is a dim of size 0 instead of a copy (ONNX's allowzero)"},
     )
 
     def __attrs_post_init__(self) -> None:
         if self.newshape.count(-1) > 1:
             raise FieldError("newshape", "a shape with at most one -1", self.newshape)
+        if self.allowzero and 0 in self.newshape and -1 in self.newshape:
+            raise FieldError("newshape", "a shape without both 0 and -1 when allowzero is true", self.newshape)
 
 
 def _reshape_shape(shapes: list[Shape], attrs: ReshapeAttrs) -> Shape:
     shape, newshape = shapes[0], attrs.newshape
     out: list[Dim] = []
     for i, v in enumerate(newshape):
+        if v == 0 and attrs.allowzero:
+            out.append(0)
+            continue
         if v == 0 and i >= len(shape):
             raise RelationError(
                 f"newshape {_shape_str(newshape)} copies dim {i} (a 0 at position {i}) "
@@ -192,7 +202,8 @@ def _reshape_shape(shapes: list[Shape], attrs: ReshapeAttrs) -> Shape:
 
 
 def _reshape_ref(attrs: ReshapeAttrs, x: Array) -> Array:
-    return np.reshape(x, [x.shape[i] if v == 0 else v for i, v in enumerate(attrs.newshape)])
+    copy = not attrs.allowzero
+    return np.reshape(x, [x.shape[i] if v == 0 and copy else v for i, v in enumerate(attrs.newshape)])
 
 
 (register_op("reshape").describe("the elements in row-major order, in a new shape (0 copies a dim, -1 is inferred)")
@@ -203,9 +214,12 @@ def _reshape_ref(attrs: ReshapeAttrs, x: Array) -> Array:
 register_compute("reshape", _reshape_compute)
 
 
-def reshape(data: Expr, newshape: int | Sequence[int]) -> Call:
-    """`data` in shape `newshape`, where a 0 copies the input dim at that position and one -1 is inferred."""
-    return call("reshape", [data], ReshapeAttrs.make("reshape", newshape=newshape))
+def reshape(data: Expr, newshape: int | Sequence[int], allowzero: bool = False) -> Call:
+    """`data` in shape `newshape`, where a 0 copies the input dim at that position and one -1 is inferred.
+
+    With `allowzero` a 0 is a dim of size 0 (ONNX's Reshape with allowzero=1), and no -1 may come with it.
+    """
+    return call("reshape", [data], ReshapeAttrs.make("reshape", newshape=newshape, allowzero=allowzero))
 
 
 @attrs.frozen
