@@ -7,7 +7,7 @@
 
 from kiln.ir.module import IRModule
 from kiln.ir.types import ANY, FuncType, IncompleteType, SizeVar, TensorType, TupleType, TypeVar
-from kiln.relay import analysis, transform
+from kiln.relay import analysis, frontend, transform
 from kiln.relay.analysis import structural_equal, structural_hash
 from kiln.relay.backend.build_module import build, optimize
 from kiln.relay.backend.interpreter import create_executor
@@ -133,6 +133,7 @@ __all__ = [
     "exp",
     "expand_dims",
     "floor",
+    "frontend",
     "floor_divide",
     "floor_mod",
     "full",
