@@ -4,21 +4,29 @@
 kiln ops [NAME] [--json]         the op registry
 kiln targets [--json]            target kinds, their options, the tags
 kiln target [SPEC] [--json]      one target, parsed (default: the host CPU)
-kiln show MODEL.txt [--fusion] [--params P.npz]
-                                 the typed IR of a model in the Relay text format;
+kiln show MODEL [--fusion] [--params P.npz] [--shape NAME=1,3,224,224]
+                                 the typed IR of a model (Relay text or .onnx);
                                  with --fusion also the IR after relay.build's passes
-kiln compile MODEL.txt [--params P.npz] [--target llvm] -o OUT.kiln
+kiln compile MODEL [--params P.npz] [--shape ...] [--target llvm] -o OUT.kiln
                                  relay.build, then write the library file
 kiln run OUT.kiln --input x=x.npy [--input ...] [--output OUT.npy|OUT.npz]
                                  load a library, run it, save or summarize the outputs
+kiln bench MODEL [--shape ...] [--repeat N]
+                                 time the compiled model on random inputs, beside
+                                 onnxruntime for an .onnx model when it is installed
 kiln demo                        the main job that `make demo` runs
+
+MODEL is a file in the Relay text format, or an ONNX model (a name ending in
+.onnx), imported with `relay.frontend.from_onnx`; --shape fixes an input's
+symbolic dims.
 ```
 
 Every error a user can cause (a missing or unreadable file, text that does not
 parse or type-check, a corrupt library, inputs of the wrong name, shape or
 dtype) prints `kiln: error: ...` on stderr and exits with status 2. The helpers
 that `kiln show` and `kiln compile` use (`load_model`, `load_params`,
-`after_build_passes`, `ProgressBar`) are shared with `kiln.demo`.
+`after_build_passes`, `ProgressBar`) are shared with `kiln.demo`; the timing
+of `kiln bench` lives in `kiln.bench`.
 """
 
 from __future__ import annotations
@@ -91,6 +99,37 @@ def load_model(path: str | Path) -> IRModule:
         raise CliError(f"{str(path)!r} defines no @main; it defines {', '.join('@' + n for n in parsed)}")
     typed: IRModule = relay.transform.InferType()(parsed)
     return typed
+
+
+def _is_onnx(path: str | Path) -> bool:
+    return str(path).endswith(".onnx")
+
+
+def parse_shapes(specs: Sequence[str]) -> dict[str, tuple[int | str, ...]]:
+    """`--shape NAME=1,3,224,224` options as {name: shape}; a dim that is not a number stays symbolic."""
+    shapes: dict[str, tuple[int | str, ...]] = {}
+    for spec in specs:
+        name, eq, dims = spec.partition("=")
+        if not eq or not name:
+            raise CliError(f"--shape {spec!r}: expected NAME=D0,D1,... (e.g. input=1,3,224,224)")
+        parts = [d.strip() for d in dims.split(",") if d.strip()] if dims.strip() else []
+        shapes[name] = tuple(int(d) if d.lstrip("-").isdigit() else d for d in parts)
+        if any(isinstance(d, int) and d < 0 for d in shapes[name]):
+            raise CliError(f"--shape {spec!r}: dims must not be negative")
+    return shapes
+
+
+def load_any(path: str | Path, shapes: Sequence[str] = ()) -> tuple[IRModule, dict[str, np.ndarray]]:
+    """A model in the Relay text format (no params) or an ONNX model (its initializers frozen), typed."""
+    if _is_onnx(path):
+        from kiln.relay.frontend import from_onnx
+
+        if not Path(path).is_file():
+            raise CliError(f"cannot read the model: no such file: {str(path)!r}")
+        return from_onnx(path, shape=parse_shapes(shapes))
+    if shapes:
+        raise CliError("--shape applies to ONNX models; a Relay text model declares its shapes")
+    return load_model(path), {}
 
 
 def _load_npy(path: str | Path, what: str) -> Any:
@@ -250,21 +289,29 @@ def _cmd_show(args: argparse.Namespace) -> None:
 
     if args.params and not args.fusion:
         raise CliError("--params is used by --fusion only (the typed IR is printed before any binding)")
-    mod = load_model(args.model)
-    params = load_params(args.params) if args.params else None
-    print(str(mod), end="")
-    if args.fusion:
+    mod, params = _model_and_params(args)
+    onnx = _is_onnx(args.model)
+    # An ONNX model's weights are constants: print them as meta[...] references, not their values.
+    print(astext(mod, show_meta_data=False) if onnx else str(mod), end="")
+    if args.fusion or onnx:
         fused, report = after_build_passes(mod, params)
-        print("\n// after relay.build's passes (large constants elided as meta[...])")
-        print(astext(fused, show_meta_data=False), end="")
+        if args.fusion:
+            print("\n// after relay.build's passes (large constants elided as meta[...])")
+            print(astext(fused, show_meta_data=False), end="")
         print(f"\n{report}")
+
+
+def _model_and_params(args: argparse.Namespace) -> tuple[IRModule, dict[str, np.ndarray] | None]:
+    mod, params = load_any(args.model, args.shape)
+    if args.params:
+        params = {**params, **load_params(args.params)}
+    return mod, params or None
 
 
 def _cmd_compile(args: argparse.Namespace) -> None:
     from kiln import relay
 
-    mod = load_model(args.model)
-    params = load_params(args.params) if args.params else None
+    mod, params = _model_and_params(args)
     bar = ProgressBar()
     start = time.perf_counter()
     try:
@@ -361,6 +408,16 @@ def _cmd_run(args: argparse.Namespace) -> None:
         raise CliError(f"cannot write the outputs: {_os_message(err)}") from None
 
 
+def _cmd_bench(args: argparse.Namespace) -> None:
+    from kiln import bench
+
+    mod, params = _model_and_params(args)
+    if args.repeat < 1:
+        raise CliError("--repeat must be at least 1")
+    bench.compare(args.model, mod, params, target=args.target, repeat=args.repeat,
+                  onnxruntime=_is_onnx(args.model) and not args.no_onnxruntime)
+
+
 def _cmd_demo(args: argparse.Namespace) -> None:
     from kiln import demo
 
@@ -410,18 +467,32 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("spec", nargs="?", default="llvm", help='e.g. "llvm -mcpu=znver4" or nvidia/h100')
     target.add_argument("--json", action="store_true", help="print JSON")
 
-    show = _add(sub, "show", _cmd_show, "print the typed IR of a model in the Relay text format")
-    show.add_argument("model", help="a model file, e.g. what str(mod) prints: def @main(...) { ... }")
+    model_help = "a model: an ONNX file (.onnx), or the Relay text format (what str(mod) prints)"
+    params_help = "an .npz of arrays bound as constants to main's parameters of the same names"
+    shape_help = "an input's shape, e.g. input=1,3,224,224 (repeat for several; fixes symbolic dims)"
+
+    show = _add(sub, "show", _cmd_show, "print the typed IR of a model (Relay text or ONNX)")
+    show.add_argument("model", help=model_help)
     show.add_argument("--fusion", action="store_true",
                       help="also print the IR after relay.build's passes and the fusion report")
     show.add_argument("--params", metavar="P.npz", help="weights to bind by name before the passes (with --fusion)")
+    show.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=shape_help)
 
-    comp = _add(sub, "compile", _cmd_compile, "compile a model in the Relay text format to a library file")
-    comp.add_argument("model", help="a model file in the Relay text format")
-    comp.add_argument("--params", metavar="P.npz",
-                      help="an .npz of arrays bound as constants to main's parameters of the same names")
+    comp = _add(sub, "compile", _cmd_compile, "compile a model (Relay text or ONNX) to a library file")
+    comp.add_argument("model", help=model_help)
+    comp.add_argument("--params", metavar="P.npz", help=params_help)
+    comp.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=shape_help)
     comp.add_argument("--target", default="llvm", help="the target (default: llvm, the host CPU)")
     comp.add_argument("-o", "--output", required=True, metavar="OUT.kiln", help="the library file to write")
+
+    bench = _add(sub, "bench", _cmd_bench,
+                 "time a compiled model on random inputs, beside onnxruntime for an ONNX model")
+    bench.add_argument("model", help=model_help)
+    bench.add_argument("--params", metavar="P.npz", help=params_help)
+    bench.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=shape_help)
+    bench.add_argument("--target", default="llvm", help="the target (default: llvm, the host CPU)")
+    bench.add_argument("--repeat", type=int, default=50, help="timed runs of each (default 50); the median is shown")
+    bench.add_argument("--no-onnxruntime", action="store_true", help="time kiln alone")
 
     run = _add(sub, "run", _cmd_run, "run a compiled library on inputs from .npy/.npz files",
                epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

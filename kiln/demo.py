@@ -16,7 +16,6 @@ small ones (`small_models()`).
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -24,6 +23,7 @@ import attrs
 import numpy as np
 
 from kiln import relay
+from kiln.bench import median_seconds
 from kiln.cli import ProgressBar, after_build_passes
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
@@ -95,18 +95,6 @@ def small_models() -> list[DemoModel]:
         _model("cnn", "batch 1, 3x8x8, channels 4 and 4", models.cnn(size=8, channels=(4, 4)), (1, 3, 8, 8),
                models.cnn_numpy),
     ]
-
-
-def median_seconds(fn: Callable[[], object], repeat: int = 7, warmup: int = 1) -> float:
-    """The median wall time of `fn()` over `repeat` runs, after `warmup` untimed runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _section(title: str) -> None:
@@ -214,12 +202,13 @@ def print_op_table(results: Sequence[ModelResult], target: Target) -> None:
         print(f"  {name:20} {pat:22} {impl.name} (priority {impl.priority}{site})")
 
 
-def main(demo_models: Sequence[DemoModel] | None = None, repeat: int = 7) -> list[ModelResult]:
+def main(demo_models: Sequence[DemoModel] | None = None, repeat: int = 7, onnx: bool = True) -> list[ModelResult]:
     """Runs the main job on `demo_models` (default: the MLP and the CNN at full size).
 
     Args:
         demo_models: the models; `small_models()` for a quick run.
         repeat: how many timed runs each median takes.
+        onnx: also import the ONNX CNN and transformer block and run them beside onnxruntime.
 
     Returns:
         One result per model.
@@ -232,8 +221,32 @@ def main(demo_models: Sequence[DemoModel] | None = None, repeat: int = 7) -> lis
     results = [run_model(m, target, repeat) for m in demo_models]
     print_summary(results)
     print_op_table(results, target)
-    print("\nThe same from the command line, for a model in the text format (what `str(mod)` prints):")
-    print("  kiln show model.txt --fusion")
+    if onnx:
+        run_onnx_models(repeat)
+    print("\nThe same from the command line, for a model in the text format (what `str(mod)` prints)")
+    print("or an ONNX file:")
+    print("  kiln show model.txt --fusion            kiln show model.onnx")
     print("  kiln compile model.txt --params weights.npz -o model.kiln")
     print("  kiln run model.kiln --input x=x.npy --output y.npy")
+    print("  kiln bench model.onnx                   (kiln beside onnxruntime)")
     return results
+
+
+def run_onnx_models(repeat: int) -> None:
+    """Imports the ONNX CNN and transformer encoder block, and runs them beside onnxruntime."""
+    try:
+        from kiln.testing import onnx_models
+    except ImportError:
+        print("\n-- ONNX: skipped (the onnx package is not installed)")
+        return
+    from kiln import bench
+    from kiln.relay.frontend import from_onnx
+
+    for make in (onnx_models.cnn, onnx_models.transformer_encoder):
+        _section(f"ONNX {make.__name__}: relay.frontend.from_onnx, relay.build, beside onnxruntime")
+        model = make()
+        mod, params = from_onnx(model)
+        times = bench.compare(model, mod, params, repeat=max(repeat, 20))
+        diff = times.get("max_abs_diff")
+        if diff is not None and not diff <= 1e-4:
+            raise DemoError(f"ONNX {make.__name__}: kiln and onnxruntime differ by {diff:.3g} (bar 1e-4)")

@@ -11,7 +11,7 @@ from kiln.target import Target
 
 
 def test_demo_shows_checks_and_times_both_models(capsys: pytest.CaptureFixture[str]) -> None:
-    results = demo.main(demo.small_models(), repeat=1)
+    results = demo.main(demo.small_models(), repeat=1, onnx=False)
     out = capsys.readouterr().out
     assert [r.name for r in results] == ["mlp", "cnn"]
     for r in results:

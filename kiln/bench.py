@@ -1,0 +1,130 @@
+"""`kiln bench`: a compiled model's run time on random inputs, beside onnxruntime's on the same inputs.
+
+Times are medians of `repeat` runs after warm-up runs. onnxruntime runs first
+(its worker threads stop spinning before kiln is timed), with its default
+session options; kiln runs the library relay.build made for the target. The
+ratio printed is onnxruntime's time over kiln's: above 1, kiln is faster.
+The outputs of both are compared, so a fast wrong answer shows.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import IO, Any
+
+import numpy as np
+
+from kiln.errors import KilnError
+from kiln.ir.module import IRModule
+
+
+def median_seconds(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> float:
+    """The median wall time of `fn()` over `repeat` runs, after `warmup` untimed runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def random_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int = 0) -> dict[str, np.ndarray]:
+    """Random arrays for inputs given as name → (shape, dtype): normal floats, small non-negative ints."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, (shape, dtype) in specs.items():
+        dt = np.dtype(dtype)
+        if dt.kind == "f":
+            out[name] = rng.standard_normal(shape).astype(dt)
+        elif dt.kind == "b":
+            out[name] = rng.integers(0, 2, shape).astype(dt)
+        else:
+            out[name] = rng.integers(0, 4, shape).astype(dt)
+    return out
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:9.3f} ms"
+
+
+def compare(
+    model: Any,
+    mod: IRModule,
+    params: Mapping[str, np.ndarray] | None,
+    target: str = "llvm",
+    repeat: int = 50,
+    onnxruntime: bool = True,
+    out: IO[str] | None = None,
+) -> dict[str, float]:
+    """Compiles `mod`, times it on random inputs and, for an ONNX model, times onnxruntime beside it.
+
+    Args:
+        model: what `mod` was imported from: a file path, or an onnx.ModelProto (given to onnxruntime).
+        mod, params: the module to compile and the values of its parameters.
+        target: the kiln target.
+        repeat: timed runs of each; the median is reported.
+        onnxruntime: whether to time onnxruntime on `model` too.
+        out: where to print (default stdout).
+
+    Returns:
+        The times in seconds by runner ("kiln", and "onnxruntime" when it ran), and the
+        largest difference between their outputs ("max_abs_diff", with onnxruntime).
+    """
+    from kiln import relay
+
+    stream = out if out is not None else sys.stdout
+    start = time.perf_counter()
+    lib = relay.build(mod, target=target, params=params)
+    compile_s = time.perf_counter() - start
+    slots = [lib.graph.slots[s] for s in lib.graph.inputs]
+    if not all(isinstance(d, int) for s in slots for d in s.shape):
+        raise KilnError("kiln bench needs static input shapes: give them with --shape NAME=D0,D1,...")
+    inputs = random_inputs({s.name: (tuple(int(d) for d in s.shape), str(s.dtype)) for s in slots})
+    described = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in slots)
+    label = os.fspath(model) if isinstance(model, str | os.PathLike) else getattr(model.graph, "name", "model")
+    print(f"model: {label}  (inputs: {described or 'none'})", file=stream)
+    where = f"{lib.target.kind.name} -mcpu={lib.target['mcpu']}" if lib.target.kind.name == "llvm" else str(lib.target)
+    print(f"kiln: compiled {len(lib.kernels)} kernels for {where} in {compile_s:.2f} s", file=stream)
+    times: dict[str, float] = {}
+    reference = None
+    if onnxruntime:
+        session = _ort_session(model, stream)
+        if session is not None:
+            feeds = {k: v for k, v in inputs.items() if k in {i.name for i in session.get_inputs()}}
+            reference = session.run(None, feeds)
+            times["onnxruntime"] = median_seconds(lambda: session.run(None, feeds), repeat)
+    ex = lib.create_executor()
+    result = ex(**inputs)
+    outputs = list(result) if isinstance(result, tuple) else [result]
+    times["kiln"] = median_seconds(lambda: ex(**inputs), repeat)
+    print(f"kiln         {_ms(times['kiln'])}  (median of {repeat})", file=stream)
+    if "onnxruntime" in times:
+        print(f"onnxruntime  {_ms(times['onnxruntime'])}  (median of {repeat})", file=stream)
+        ratio = times["onnxruntime"] / times["kiln"]
+        print(f"kiln speed vs onnxruntime: {ratio:.2f}x ({'faster' if ratio >= 1 else 'slower'})", file=stream)
+        assert reference is not None
+        diffs = [float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0.0))
+                 for a, b in zip(outputs, reference, strict=False)]
+        times["max_abs_diff"] = max(diffs, default=0.0)
+        print(f"max |kiln - onnxruntime| over the outputs: {times['max_abs_diff']:.3g}", file=stream)
+    return times
+
+
+def _ort_session(model: Any, stream: IO[str]) -> Any:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        print("onnxruntime is not installed: timing kiln alone (pip install onnxruntime)", file=stream)
+        return None
+    try:
+        source = os.fspath(model) if isinstance(model, str | os.PathLike) else model.SerializeToString()
+        return ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime's own exception types
+        print(f"onnxruntime cannot load the model ({str(err).splitlines()[0]}): timing kiln alone", file=stream)
+        return None
