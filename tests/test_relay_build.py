@@ -56,6 +56,30 @@ def test_outputs_of_a_run_are_not_overwritten_by_the_next() -> None:
     np.testing.assert_array_equal(y1, keep)
 
 
+def test_later_runs_take_the_native_fast_path_and_stay_right() -> None:
+    func, params = mlp()
+    ex = build(func, params=params).create_executor()
+    assert ex._entries is None  # the first run checks every launch
+    for _ in range(3):
+        x = RNG.standard_normal((4, 32)).astype("float32")
+        np.testing.assert_allclose(ex(x=x), mlp_numpy(x, params), rtol=1e-4, atol=1e-5)
+        assert ex._entries is not None
+    strided = RNG.standard_normal((4, 64)).astype("float32")[:, ::2]  # copied to a contiguous array
+    np.testing.assert_allclose(ex(x=strided), mlp_numpy(strided, params), rtol=1e-4, atol=1e-5)
+    with pytest.raises(runtime.ExecutorError, match="expected shape"):
+        ex(x=np.zeros((5, 32), np.float32))
+
+
+def test_the_same_array_for_two_inputs_and_a_value_used_twice() -> None:
+    x, y = relay.var("x", shape=(8,)), relay.var("y", shape=(8,))
+    ex = build(relay.Function([x, y], relay.add(relay.multiply(x, y), relay.multiply(x, x)))).create_executor()
+    a = RNG.standard_normal(8).astype("float32")
+    for _ in range(2):  # the checked run, then the fast path
+        np.testing.assert_allclose(ex(x=a, y=a), 2 * a * a, rtol=1e-6)
+        r = a[::-1]
+        np.testing.assert_allclose(ex(x=r, y=a), r * a + r * r, rtol=1e-6)
+
+
 def test_memory_plan_reuses_buffers_of_dead_intermediates() -> None:
     x = relay.var("x", shape=(256, 256))
     y = x

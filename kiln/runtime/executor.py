@@ -20,7 +20,7 @@ import hashlib
 import io
 import json
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -286,6 +286,11 @@ class GraphExecutor:
                 self._values[s] = buf[: slot.nbytes].view(numpy_dtype(slot.dtype)).reshape(slot.shape)
         self._names = {g.slots[s].name: s for s in g.inputs}
         self._outputs: list[np.ndarray] = []
+        # The llvm fast path: after one checked run, launches call the native entry on data pointers.
+        # Inputs are checked by set_input, outputs are allocated here and intermediates are planned,
+        # so the per-call checks (about 6 us a launch) would only repeat what is known.
+        self._entries: list[tuple[Callable[..., int], tuple[int, ...], list[int]]] | None = None
+        self._pointers: list[int] = []
 
     @property
     def input_names(self) -> list[str]:
@@ -317,8 +322,9 @@ class GraphExecutor:
             raise ExecutorError(f"input {name!r}: expected dtype {slot.dtype}, got {arr.dtype}")
         if arr.shape != slot.shape:
             raise ExecutorError(f"input {name!r}: expected shape {slot.shape}, got {arr.shape}")
-        read_only = isinstance(arr, np.ndarray) and not arr.flags.writeable  # cupy arrays have no such flag
-        if not isinstance(arr, self._xp.ndarray) or not arr.flags.c_contiguous or read_only:
+        # cupy arrays have no writeable or aligned flags
+        unfit = isinstance(arr, np.ndarray) and not (arr.flags.writeable and arr.flags.aligned)
+        if not isinstance(arr, self._xp.ndarray) or not arr.flags.c_contiguous or unfit:
             arr = self._xp.put(arr)
         self._values[s] = arr
 
@@ -339,11 +345,10 @@ class GraphExecutor:
         for s, slot in enumerate(g.slots):
             if slot.kind == "output":
                 fresh[s] = values[s] = self._xp.empty(slot.shape, numpy_dtype(slot.dtype))
-        for launch in g.launches:
-            slots = (*launch.inputs, *launch.outputs)
-            # a value passed twice (add(x, x)) goes the second time as a copy: kernel pointers are noalias
-            args = [values[s] if s not in slots[:n] else values[s].copy() for n, s in enumerate(slots)]
-            self.lib.kernels[launch.kernel](*args)
+        if self._entries is not None:
+            self._run_entries(values)
+        else:
+            self._run_checked(values)
         # an output that is an input, a constant or another output's value is returned as a copy
         seen: set[int] = set()
         outs = []
@@ -353,6 +358,36 @@ class GraphExecutor:
             outs.append(v if s in fresh and s not in seen else v.copy())
             seen.add(s)
         self._outputs = outs
+
+    def _run_checked(self, values: list[Any]) -> None:
+        g = self.lib.graph
+        entries = []
+        for launch in g.launches:
+            slots = (*launch.inputs, *launch.outputs)
+            # a value passed twice (add(x, x)) goes the second time as a copy: kernel pointers are noalias
+            args = [values[s] if s not in slots[:n] else values[s].copy() for n, s in enumerate(slots)]
+            kernel = self.lib.kernels[launch.kernel]
+            kernel(*args)
+            if isinstance(self._xp, _Host) and len(set(slots)) == len(slots):
+                entries.append((kernel.entry(), slots, kernel.check(*args)))
+        if len(entries) == len(g.launches):
+            self._entries = entries
+            # the intermediates and constants stay where they are: their addresses are taken once
+            self._pointers = [v.ctypes.data if s in self._fixed else 0 for s, v in enumerate(values)]
+
+    @property
+    def _fixed(self) -> set[int]:
+        return {s for s, slot in enumerate(self.lib.graph.slots) if slot.kind in ("temp", "const")}
+
+    def _run_entries(self, values: list[Any]) -> None:
+        g = self.lib.graph
+        pointers = list(self._pointers)
+        for s in (*g.inputs, *g.outputs):
+            if g.slots[s].kind in ("input", "output"):
+                pointers[s] = values[s].ctypes.data
+        for (entry, slots, sizes), launch in zip(self._entries or (), g.launches, strict=True):
+            if entry(*[pointers[s] for s in slots], *sizes):
+                self.lib.kernels[launch.kernel].out_of_memory(sizes)
 
     def get_output(self, index: int) -> np.ndarray:
         """Output `index` of the last run."""

@@ -17,8 +17,8 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -150,13 +150,28 @@ class Module:
             KernelMemoryError: when the kernel could not allocate its temporary buffers.
         """
         sizes = self._check(arrays)
-        status = self._cfunc(*[a.ctypes.data for a in arrays], *sizes)
-        if status != STATUS_OK:
-            temps = ", ".join(f"{b.name}{list(map(str, b.shape))} {b.dtype}" for b in heap_temporaries(self.func))
-            raise KernelMemoryError(
-                f"kernel {self.name!r}: out of memory allocating its temporary buffers ({temps}) "
-                f"for sizes {dict(zip((v.name for v in self._size_vars), sizes, strict=True))}"
-            )
+        if self._cfunc(*[a.ctypes.data for a in arrays], *sizes) != STATUS_OK:
+            self.out_of_memory(sizes)
+
+    def check(self, *arrays: Any) -> list[int]:
+        """Checks `arrays` as a call would; returns the values of the kernel's size variables."""
+        return self._check(arrays)
+
+    def entry(self) -> Callable[..., int]:
+        """The native entry: `entry(*pointers, *sizes)` returns 0, or 1 when out of memory.
+
+        For callers that own every array and have checked them (the graph executor
+        checks its inputs once and plans the rest); anyone else calls the module.
+        """
+        return self._cfunc
+
+    def out_of_memory(self, sizes: Sequence[int]) -> NoReturn:
+        """Raises the KernelMemoryError of a call with these sizes that returned 1."""
+        temps = ", ".join(f"{b.name}{list(map(str, b.shape))} {b.dtype}" for b in heap_temporaries(self.func))
+        raise KernelMemoryError(
+            f"kernel {self.name!r}: out of memory allocating its temporary buffers ({temps}) "
+            f"for sizes {dict(zip((v.name for v in self._size_vars), sizes, strict=True))}"
+        )
 
     def _check(self, arrays: tuple[Any, ...]) -> list[int]:
         params = self._params
