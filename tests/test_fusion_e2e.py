@@ -251,6 +251,17 @@ def test_value_that_is_also_a_model_output_ends_its_group() -> None:
     np.testing.assert_allclose(got_e, np.exp(want_r), rtol=1e-5, atol=1e-6)
 
 
+def test_a_fused_op_reading_one_field_of_a_split_gets_the_tuple_as_placeholders() -> None:
+    x = relay.var("x", shape=(2, 5))
+    s = relay.split(x, [1, 3], axis=1)
+    func = relay.Function([x], relay.Tuple([relay.nn.relu(relay.TupleGetItem(s, 1)), relay.TupleGetItem(s, 2)]))
+    lib = build(func)
+    a = rand(2, 5)
+    got_r, got_tail = lib.create_executor()(x=a)
+    np.testing.assert_array_equal(got_r, np.maximum(a[:, 1:3], 0))
+    np.testing.assert_array_equal(got_tail, a[:, 3:])
+
+
 def test_injective_producer_of_a_reduction_gets_its_own_kernel() -> None:
     x = relay.var("x", shape=(4, 8))
     func = relay.Function([x], relay.sum(relay.transpose(x), axis=1))

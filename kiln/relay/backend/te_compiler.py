@@ -96,8 +96,11 @@ class _Lowerer:
     def run(self) -> tuple[te.Schedule, list[te.Tensor], list[te.Tensor]]:
         env: dict[int, list[te.Tensor]] = {}
         for p in self.func.params:
-            (ty,) = tensor_types(p.checked_type, f"parameter {p.name_hint}")
-            env[id(p)] = [self._placeholder(ty, p.name_hint, f"parameter {p.name_hint}")]
+            # a tuple parameter (split's result read by a fused op) is one placeholder per field
+            tys = tensor_types(p.checked_type, f"parameter {p.name_hint}")
+            names = [p.name_hint] if len(tys) == 1 else [f"{p.name_hint}_{i}" for i in range(len(tys))]
+            where = f"parameter {p.name_hint}"
+            env[id(p)] = [self._placeholder(ty, n, where) for ty, n in zip(tys, names, strict=True)]
         anchor: tuple[OpPattern, Any, list[te.Tensor]] | None = None
         for node in post_order(self.func.body):
             if id(node) in env or isinstance(node, rx.Var):
