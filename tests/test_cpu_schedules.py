@@ -70,11 +70,20 @@ def _lowered(func: relay.Function) -> str:
 
 
 def test_dense_epilogue_is_computed_on_the_tile_in_registers() -> None:
-    x, w, b = relay.var("x", shape=(8, 32)), relay.var("w", shape=(16, 32)), relay.var("b", shape=(16,))
+    x, w, b = relay.var("x", shape=(8, 256)), relay.var("w", shape=(16, 256)), relay.var("b", shape=(16,))
     text = _lowered(relay.Function([x, w, b], relay.nn.relu(relay.nn.bias_add(relay.nn.dense(x, w), b))))
     # the product's 4x4 tile is allocated per tile, inside the parallel loop over column tiles
     assert "dense_partial = allocate((4, 4, 16)" in text and "dense = allocate((4, 4)" in text
     assert text.index("# parallel") < text.index("dense_partial = allocate")
+
+
+def test_small_products_and_reductions_run_on_one_core() -> None:
+    x, w = relay.var("x", shape=(8, 32)), relay.var("w", shape=(16, 32))  # 4096 multiply-adds
+    assert "# parallel" not in _lowered(relay.Function([x, w], relay.nn.dense(x, w)))
+    y = relay.var("y", shape=(16, 64))  # 1024 elements summed
+    assert "# parallel" not in _lowered(relay.Function([y], relay.sum(y, axis=1)))
+    z = relay.var("z", shape=(64, 1024))
+    assert "# parallel" in _lowered(relay.Function([z], relay.sum(z, axis=1)))
 
 
 @pytest.mark.parametrize("epilogue", ["bias_relu", "none", "two_outputs"])

@@ -49,7 +49,12 @@ def divisor_at_most(n: int, limit: int) -> int:
     return next(d for d in range(max(1, min(n, limit)), 0, -1) if n % d == 0)
 
 
-def _static_size(t: te.Tensor) -> int | None:
+def worth_parallel(work: int | None) -> bool:
+    """Whether `work` (elements, or multiply-adds; None when unknown) pays for a fork-join on the cores."""
+    return work is None or work >= _PARALLEL_MIN
+
+
+def static_size(t: te.Tensor) -> int | None:
     size = 1
     for d in t.shape:
         value = getattr(d, "value", None)
@@ -71,7 +76,7 @@ def schedule_injective_stage(sch: te.Schedule, t: te.Tensor) -> None:
         return
     fused = axes[0] if len(axes) == 1 else stage.fuse(*axes)
     lanes = vector_lanes(t.dtype)
-    size = _static_size(t)
+    size = static_size(t)
     if size is not None and size < lanes:
         return
     outer, inner = stage.split(fused, factor=lanes)
@@ -99,7 +104,8 @@ def _schedule_rest(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Seq
 
 def schedule_reduce(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
                     target: Target) -> None:
-    """A reduction: its data-parallel axes fused and run on the cores, the reduction loops inside.
+    """A reduction: its data-parallel axes fused and run on the cores (when the whole reduction is
+    `_PARALLEL_MIN` elements or more), the reduction loops inside.
 
     Its elementwise inputs are already inlined into it; an elementwise epilogue
     runs as its own injective loop nest in the same kernel.
@@ -110,10 +116,19 @@ def schedule_reduce(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Se
         axes = list(stage.op.axis)
         if axes:
             fused = axes[0] if len(axes) == 1 else stage.fuse(*axes)
-            size = _static_size(t)
-            if size is None or size >= 2:
+            size = static_size(t)
+            work = None if size is None else size * reduce_extent(t)
+            if (size is None or size >= 2) and worth_parallel(work):
                 stage.parallel(fused)
     _schedule_rest(sch, anchor_outs, outs)
+
+
+def reduce_extent(t: te.Tensor) -> int:
+    extent = 1
+    for iv in getattr(t.op, "reduce_axis", ()):
+        value = getattr(iv.dom.extent, "value", None)
+        extent *= value if isinstance(value, int) else 1
+    return extent
 
 
 def schedule_generic(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
@@ -122,7 +137,7 @@ def schedule_generic(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: S
     del target
     for t in anchor_outs:
         stage = sch[t]
-        if stage.op.axis and (_static_size(t) or _PARALLEL_MIN) >= _PARALLEL_MIN // 64:
+        if stage.op.axis and (static_size(t) or _PARALLEL_MIN) >= _PARALLEL_MIN // 64:
             stage.parallel(stage.op.axis[0])
     _schedule_rest(sch, anchor_outs, outs)
 
@@ -150,7 +165,7 @@ def bind_stage_cuda(sch: te.Schedule, t: te.Tensor, threads: int = _CUDA_THREADS
     if not axes:
         return
     fused = axes[0] if len(axes) == 1 else stage.fuse(*axes)
-    size = _static_size(t)
+    size = static_size(t)
     block, thread = stage.split(fused, factor=min(threads, size) if size else threads)
     stage.bind(block, te.thread_axis("blockIdx.x"))
     stage.bind(thread, te.thread_axis("threadIdx.x"))

@@ -28,10 +28,13 @@ from kiln.relay.op._schedule import (
     KEEP,
     divisor_at_most,
     op_attr,
+    reduce_extent,
     register_compute,
     schedule_generic,
     split_epilogue,
+    static_size,
     vector_lanes,
+    worth_parallel,
 )
 from kiln.relay.op.conv import dtype_or_none, optional_dtype
 from kiln.tir.expr import PrimExpr
@@ -403,7 +406,10 @@ def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: 
     mo, mi = stage.split(sm, factor=bm)
     no, ni = stage.split(sn, factor=bn)
     stage.reorder(*batch, no, mo, mi, ni)
-    stage.parallel(stage.fuse(*batch, no) if batch else no)
+    size = static_size(c)
+    k = reduce_extent(c) * (reduce_extent(partial) if partial is not None else 1)  # inner form: lanes x chunks
+    if worth_parallel(size * k if size is not None else None):
+        stage.parallel(stage.fuse(*batch, no) if batch else no)
     if bn >= lanes:
         stage.vectorize(ni)
     if comp.op is not tiled.op:
