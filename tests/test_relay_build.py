@@ -208,3 +208,16 @@ def test_one_element_constants_become_immediates_not_kernel_arguments(dtype, val
     xv = np.array([0, 1, 0, 1, 0], dtype=dtype) if dtype == "bool" else np.arange(5).astype(dtype) - 2
     np.testing.assert_array_equal(lib.create_executor()(x=xv), np.logical_or(xv, value) if dtype == "bool"
                                   else np.maximum(xv, np.array(value, dtype)))
+
+
+@pytest.mark.parametrize("target", ["llvm", "cuda -arch=sm_80"])
+def test_calls_with_empty_results_compile_to_no_kernel(target: str) -> None:
+    x = relay.var("x", shape=(3, 4))
+    empty = relay.exp(relay.strided_slice(x, begin=(0, 2), end=(3, 2)))
+    lib = build(relay.Function([x], relay.Tuple([empty, relay.add(x, x)])), target=target)
+    assert len(lib.graph.launches) == 1 and len(lib.kernels) == 1
+    if target == "llvm":
+        a = RNG.standard_normal((3, 4)).astype("float32")
+        got_empty, got_sum = lib.create_executor()(x=a)
+        assert got_empty.shape == (3, 0) and got_empty.dtype == np.float32
+        np.testing.assert_array_equal(got_sum, a + a)

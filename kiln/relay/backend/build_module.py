@@ -147,9 +147,15 @@ class _GraphBuilder:
             elif isinstance(node, rx.TupleGetItem):
                 env[id(node)] = env[id(node.tuple_value)][field_slice(node)]
             elif isinstance(node, rx.Call):
+                outs = self._temps(node.checked_type)
+                env[id(node)] = outs
+                done += 1
+                if all(self.slots[s].nbytes == 0 for s in outs):  # empty results: nothing to compute
+                    if self.progress is not None:
+                        self.progress(done, calls)
+                    continue
                 fn = node.op if isinstance(node.op, rx.Function) else _wrap(node)
                 k = self._kernel(fn, len(self.launches))
-                outs = self._temps(node.checked_type)
                 ins = [s for a in node.args for s in env[id(a)]]
                 kernel = self.kernels[k]
                 const_slots = []
@@ -158,8 +164,6 @@ class _GraphBuilder:
                     self.constants[s] = c
                     const_slots.append(s)
                 self.launches.append(Launch(k, tuple(ins + const_slots), tuple(outs)))
-                env[id(node)] = outs
-                done += 1
                 if self.progress is not None:
                     self.progress(done, calls)
             else:
