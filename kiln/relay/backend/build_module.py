@@ -104,7 +104,9 @@ class _GraphBuilder:
         shape = []
         for d in ty.shape:
             if not isinstance(d, int):
-                raise BuildError(f"relay.build needs static shapes; {name or 'a value'} has type {ty}")
+                hint = (f": give its dims (relay.frontend.from_onnx(..., shape={{{name!r}: ...}}), or "
+                        f"--shape {name}=D0,D1,... on the command line)") if kind == "input" else ""
+                raise BuildError(f"relay.build needs static shapes; {name or 'a value'} has type {ty}{hint}")
             shape.append(d)
         self.slots.append(Slot(tuple(shape), str(ty.dtype), kind, name))
         return len(self.slots) - 1
