@@ -235,11 +235,30 @@ def test_upsample_scales_attribute_matches_onnxruntime() -> None:
     check(one_node("Upsample", x, opset=7, mode="nearest", scales=[1.0, 1.0, 2.0, 3.0]), {"x": x})
 
 
-def test_resize_antialias_is_an_error_naming_the_node() -> None:
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("coordinates", ["half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel"])
+@pytest.mark.parametrize("exclude_outside", [0, 1])
+def test_resize_antialias_matches_the_onnx_reference(mode: str, coordinates: str, exclude_outside: int) -> None:
+    from onnx.reference import ReferenceEvaluator
+
+    x = rand(1, 2, 9, 11)
+    scales = np.array([1, 1, 0.4, 0.7], np.float32)  # downsampling: the filter widens
+    m = _resize(x, {"roi": None, "scales": scales}, mode=mode, antialias=1,
+                coordinate_transformation_mode=coordinates, exclude_outside=exclude_outside)
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+    (got,) = run(m, {"x": x})
+    assert got.shape == want.shape == (1, 2, 3, 7)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_resize_antialias_with_nearest_or_crop_is_an_error_naming_the_node() -> None:
     x = rand(1, 1, 4, 4)
-    m = _resize(x, {"roi": None, "scales": np.array([1, 1, 0.5, 0.5], np.float32)}, mode="linear", antialias=1)
-    with pytest.raises(OnnxImportError, match=r"Resize node 'n'.*antialias"):
-        relay.frontend.from_onnx(m)
+    scales = np.array([1, 1, 0.5, 0.5], np.float32)
+    for attrs in ({"mode": "nearest"}, {"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"}):
+        m = _resize(x, {"roi": np.array([0, 0, 0, 0, 1, 1, 1, 1], np.float32), "scales": scales}, antialias=1,
+                    **attrs)
+        with pytest.raises(OnnxImportError, match=r"Resize node 'n'.*antialias is supported for float data"):
+            relay.frontend.from_onnx(m)
 
 
 def test_resize_scales_that_are_a_graph_input_are_an_error_naming_the_input() -> None:

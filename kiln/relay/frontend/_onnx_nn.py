@@ -16,7 +16,9 @@ and the updated running ones from reductions; InstanceNormalization and the
 LayerNormalization statistics outputs are composed from reductions, and
 LayerNormalization's Y alone goes to nn.layer_norm over the flattened trailing
 axes. Resize and Upsample lower to image.resize; their roi, scales and sizes
-must be constants, since kiln compiles static shapes.
+must be constants, since kiln compiles static shapes. Resize with antialias
+(linear or cubic) multiplies each changed axis by its constant weight matrix,
+computed here with the reference's widened filter.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import math
 from collections.abc import Sequence
 
 import attrs
+import numpy as np
 
 from kiln import relay
 from kiln.ir.dtype import DataType
@@ -32,6 +35,7 @@ from kiln.ir.span import Span
 from kiln.ir.types import Dim
 from kiln.relay.expr import Expr, TupleGetItem
 from kiln.relay.frontend.onnx import OnnxNode, onnx_converter, onnx_dtype
+from kiln.relay.op.image import ResizeAxis, source_coordinate
 
 # --- windows: kernel, strides, dilations, pads ----------------------------------------------------
 
@@ -518,12 +522,70 @@ def _asymmetric_resize(x: Expr, sizes: list[int], axes: list[int], mode: str, sc
     return x
 
 
+def _antialias_weights(ax: ResizeAxis, mode: str, method: str, a: float, exclude_outside: bool) -> np.ndarray:
+    """The (out, in) matrix of a linear or cubic resize along `ax` with ONNX's antialias filter.
+
+    Downsampling widens the filter by 1 / scale, so every output reads a window of
+    inputs; the coefficients, their normalization and the choice of the window's
+    inputs are the reference's (onnx.reference's Resize).
+    """
+    scale = min(ax.scale, 1.0)
+    y = np.arange(ax.size_out, dtype=np.float64)
+    x = np.broadcast_to(np.asarray(source_coordinate(ax, mode, y), np.float64), y.shape)
+    ratio = np.where(x == np.floor(x), 1.0, x - np.floor(x))  # an integer x takes the pixel on its left
+    start = math.floor((-1 if method == "linear" else -2) / scale) + 1
+    t = np.abs((np.arange(start, 2 - start)[None, :] - ratio[:, None]) * scale)
+    if method == "linear":
+        coeffs = np.clip(1 - t, 0, 1)
+    else:
+        cubic = np.where(t < 2, a * t**3 - 5 * a * t**2 + 8 * a * t - 4 * a, 0.0)
+        coeffs = np.where(t <= 1, (a + 2) * t**3 - (a + 3) * t**2 + 1, cubic)
+    coeffs = coeffs / coeffs.sum(axis=1, keepdims=True)
+    n = coeffs.shape[1]
+    pad = math.ceil(n / 2)  # the n inputs nearest to x, ties to the smaller index
+    p = np.floor(x + pad)
+    frac = x + pad - p
+    if n % 2 == 0:
+        first = np.where(frac == 0, -(n // 2), 1 - n // 2)
+    else:
+        first = np.where(frac <= 0.5, -((n - 1) // 2), 1 - (n - 1) // 2)
+    idx = (p + first).astype(np.int64)[:, None] + np.arange(n)[None, :] - pad
+    if exclude_outside:
+        coeffs = np.where((idx >= 0) & (idx < ax.size_in), coeffs, 0.0)
+        total = coeffs.sum(axis=1, keepdims=True)
+        coeffs = coeffs / np.where(total == 0, 1.0, total)
+    weights = np.zeros((ax.size_out, ax.size_in))
+    np.add.at(weights, (np.repeat(np.arange(ax.size_out), n), np.clip(idx, 0, ax.size_in - 1).reshape(-1)),
+              coeffs.reshape(-1))
+    return weights
+
+
+def _antialias_resize(node: OnnxNode, x: Expr, sizes: list[int], axes: list[int], scales: list[float] | None,
+                      mode: str, method: str) -> Expr:
+    """Resize with antialias: each changed axis as a product with its constant weight matrix (nn.dense)."""
+    shape, dtype = list(node.static_shape(0)), node.dtype(0)
+    if method not in ("linear", "cubic") or mode == "tf_crop_and_resize" or not dtype.is_float:
+        raise node.error(f"antialias is supported for float data with mode linear or cubic and coordinates other "
+                         f"than tf_crop_and_resize, not {method}, {mode} and {dtype}")
+    a, exclude = node.float_attr("cubic_coeff_a", -0.75), bool(node.int_attr("exclude_outside", 0))
+    for k, axis in enumerate(axes):
+        scale = scales[k] if scales is not None else sizes[k] / shape[axis]
+        ax = ResizeAxis(axis, shape[axis], sizes[k], scale, (0.0, 1.0))
+        if ax.is_identity(mode):
+            continue
+        weights = relay.const(_antialias_weights(ax, mode, method, a, exclude).astype(dtype.numpy()))
+        perm = [i for i in range(len(shape)) if i != axis] + [axis]
+        moved = relay.reshape(relay.transpose(x, perm), (-1, shape[axis]))
+        shape[axis] = sizes[k]
+        resized = relay.reshape(relay.nn.dense(moved, weights), [shape[i] for i in perm])
+        x = relay.transpose(resized, [perm.index(i) for i in range(len(shape))])
+    return x
+
+
 @onnx_converter("Resize", since=10)
 def _resize(node: OnnxNode) -> Expr:
     shape = node.static_shape(0)
     rank = len(shape)
-    if node.int_attr("antialias", 0):
-        raise node.error("antialias=1 is not supported")
     mode = node.attr("mode", "nearest")
     modes = ("nearest", "linear", "cubic") if node.opset >= 11 else ("nearest", "linear")
     if mode not in modes:
@@ -547,6 +609,8 @@ def _resize(node: OnnxNode) -> Expr:
             raise node.error(f"coordinate_transformation_mode tf_half_pixel_for_nn is supported with mode nearest "
                              f"and nearest_mode round_prefer_floor or floor, not {mode} and {nearest_mode}")
         coordinate_mode, nearest_mode = "half_pixel", shifted[nearest_mode]
+    if node.int_attr("antialias", 0):
+        return _antialias_resize(node, node.input(0), sizes, axes, scales, coordinate_mode, mode)
     roi = None
     if coordinate_mode == "tf_crop_and_resize":
         roi = _const_floats(node, 1, "roi")

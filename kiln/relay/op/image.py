@@ -132,7 +132,7 @@ class ResizeAttrs(Attrs):
 
 
 @attrs.frozen
-class _Axis:
+class ResizeAxis:
     """One resized axis: how output positions map to input coordinates along it."""
 
     axis: int
@@ -184,16 +184,16 @@ def _checked_axes(attrs: ResizeAttrs, ndim: int) -> list[int]:
     return axes
 
 
-def _axis(attrs: ResizeAttrs, k: int, axis: int, size_in: int) -> _Axis:
+def _axis(attrs: ResizeAttrs, k: int, axis: int, size_in: int) -> ResizeAxis:
     """The k-th resized axis, `axis` of the data, of extent `size_in`."""
     out = attrs.size[k]
     scale = attrs.scales[k] if attrs.scales is not None else out / size_in
     n = len(attrs.axes)
     roi = (attrs.roi[k], attrs.roi[n + k]) if attrs.roi is not None else (0.0, 1.0)
-    return _Axis(axis, size_in, out, scale, roi)
+    return ResizeAxis(axis, size_in, out, scale, roi)
 
 
-def _plan(attrs: ResizeAttrs, shape: Sequence[int]) -> list[_Axis]:
+def _plan(attrs: ResizeAttrs, shape: Sequence[int]) -> list[ResizeAxis]:
     """The axes a resize of a static `shape` changes (identity axes left out)."""
     axes = _checked_axes(attrs, len(shape))
     plan = [_axis(attrs, k, a, shape[a]) for k, a in enumerate(axes)]
@@ -225,7 +225,7 @@ def _resize_rel(arg_types: list[Type], attrs: ResizeAttrs) -> Type | None:
     return TensorType(tuple(dims), data.dtype)
 
 
-def _source(ax: _Axis, mode: str, y: C) -> C | float:
+def source_coordinate(ax: ResizeAxis, mode: str, y: C) -> C | float:
     """The input coordinate of output position `y` along `ax` (float64), in the reference's order of operations.
 
     A float where every position maps to one coordinate (an output extent of 1 in some modes).
@@ -295,12 +295,12 @@ def _fill_value(value: float, dtype: str) -> float | int | bool:
 # -- the numpy reference: one axis at a time, in float64 --
 
 
-def _taps_np(ax: _Axis, attrs: ResizeAttrs) -> tuple[Array, Array, Array | None]:
+def _taps_np(ax: ResizeAxis, attrs: ResizeAttrs) -> tuple[Array, Array, Array | None]:
     """The taps of every output position along `ax`: input indices (clamped) and weights, both (out, taps),
     and which positions lie outside the input (tf_crop_and_resize; None otherwise)."""
     mode = attrs.coordinate_transformation_mode
     y = np.arange(ax.size_out, dtype=np.float64)
-    x = np.broadcast_to(np.asarray(_source(ax, mode, y), np.float64), y.shape)
+    x = np.broadcast_to(np.asarray(source_coordinate(ax, mode, y), np.float64), y.shape)
     f = np.floor(x)
     r, base = x - f, f.astype(np.int64)
     if attrs.method == "nearest":
@@ -369,10 +369,10 @@ class _Taps:
     outside: PrimExpr | None
 
 
-def _taps_te(ax: _Axis, attrs: ResizeAttrs, y: PrimExpr, acc: str | None) -> _Taps:
+def _taps_te(ax: ResizeAxis, attrs: ResizeAttrs, y: PrimExpr, acc: str | None) -> _Taps:
     """As `_taps_np`, for output position `y`; weights in `acc` (None: nearest as a pure gather, no weights)."""
     mode = attrs.coordinate_transformation_mode
-    src = _source(ax, mode, te.cast(y, "float64"))
+    src = source_coordinate(ax, mode, te.cast(y, "float64"))
     x = src if isinstance(src, PrimExpr) else te.const(src, "float64")
     f = te.floor(x)
     r, base = x - f, te.cast(f, "int32")
