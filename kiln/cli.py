@@ -1,7 +1,7 @@
 """The `kiln` command line.
 
 ```
-kiln ops [NAME] [--json]         the op registry
+kiln ops [NAME] [--json] [--onnx] the op registry, or the ONNX converters
 kiln targets [--json]            target kinds, their options, the tags
 kiln target [SPEC] [--json]      one target, parsed (default: the host CPU)
 kiln show MODEL [--fusion] [--params P.npz] [--shape NAME=1,3,224,224]
@@ -224,11 +224,29 @@ class ProgressBar:
 
 
 def _cmd_ops(args: argparse.Namespace) -> None:
-    if args.name:
+    if args.onnx:
+        _print_onnx_converters(args)
+    elif args.name:
         op = registry.Op.get(args.name)
         print(json.dumps(registry.op_record(op), indent=2) if args.json else registry.format_op(op))
     else:
         print(registry.export_json() if args.json else registry.format_table())
+
+
+def _print_onnx_converters(args: argparse.Namespace) -> None:
+    from kiln.relay.frontend.onnx import converters
+
+    entries = [e for e in converters() if not args.name or e.op_type == args.name]
+    if args.name and not entries:
+        raise CliError(f"no ONNX converter for {args.name!r}; `kiln ops --onnx` lists them")
+    rows = [{"domain": e.domain or "ai.onnx", "op_type": e.op_type, "since": e.since, "until": e.until,
+             "where": e.where} for e in entries]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        opsets = f"{r['since']}-{r['until']}" if r["until"] else f"{r['since']}+"
+        print(f"{r['domain']:<10} {r['op_type']:<24} opsets {opsets:<7} {r['where']}")
 
 
 def _targets_record() -> dict[str, object]:
@@ -459,6 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     ops = _add(sub, "ops", _cmd_ops, "list the registered ops, or show one in full")
     ops.add_argument("name", nargs="?", help="an op name, e.g. nn.conv2d")
     ops.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ops.add_argument("--onnx", action="store_true",
+                     help="list the ONNX converters instead (domain, op type, opsets, where each is defined)")
 
     targets = _add(sub, "targets", _cmd_targets, "list the target kinds, their options, and the tags")
     targets.add_argument("--json", action="store_true", help="print JSON")

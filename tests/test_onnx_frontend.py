@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +246,17 @@ def test_cli_show_compile_run_and_bench(tmp_path: Path, capsys: Any) -> None:
     assert "kiln " in out and "onnxruntime " in out and "kiln speed vs onnxruntime:" in out
     diff = float(out.split("max |kiln - onnxruntime| over the outputs:")[1].split()[0])
     assert diff < 1e-4
+
+
+def test_cli_lists_the_onnx_converters(capsys: Any) -> None:
+    assert main(["ops", "--onnx"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:2] == ["ai.onnx", "Conv"] for line in lines)
+    squeeze = [line.split()[3] for line in lines if line.split()[1] == "Squeeze"]
+    assert squeeze == ["1+", "13+"]  # axes became an input at opset 13
+    assert main(["ops", "Resize", "--onnx", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["op_type"] == "Resize"
+    assert main(["ops", "Frobnicate", "--onnx"]) == 2
 
 
 def test_cli_errors_for_onnx_models(tmp_path: Path, capsys: Any) -> None:

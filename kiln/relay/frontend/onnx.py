@@ -136,10 +136,15 @@ def onnx_converter(
 
 
 def _where(fn: Callable[..., Any]) -> str:
+    """file:line of `fn`, kiln's own files relative to the repository."""
     try:
-        return f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
+        path, line = inspect.getsourcefile(fn) or "?", inspect.getsourcelines(fn)[1]
     except (OSError, TypeError):
         return getattr(fn, "__qualname__", repr(fn))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    if os.path.abspath(path).startswith(root + os.sep):
+        path = os.path.relpath(path, root)
+    return f"{path}:{line}"
 
 
 def find_converter(op_type: str, opset: int, domain: str = "") -> ConverterEntry | None:
@@ -155,7 +160,7 @@ def find_converter(op_type: str, opset: int, domain: str = "") -> ConverterEntry
 
 
 def converters() -> list[ConverterEntry]:
-    """Every registered converter, by domain, op type and opset."""
+    """Every registered converter, by domain, op type and opset (`kiln ops --onnx` prints them)."""
     _load_builtin()
     with _LOCK:
         return sorted((e for es in _TABLE.values() for e in es), key=lambda e: (e.domain, e.op_type, e.since))
@@ -201,15 +206,6 @@ def onnx_dtype(elem_type: int, what: str) -> DataType:
             onnx_name = f"#{elem_type}"
         raise OnnxImportError(f"{what} has ONNX type {onnx_name}, which kiln does not support")
     return DataType.of(name)
-
-
-def dtype_to_onnx(dtype: DataType | str) -> int:
-    """ONNX's TensorProto element type of a kiln dtype."""
-    name = DataType.of(dtype).name
-    for code, n in _ONNX_DTYPES.items():
-        if n == name:
-            return code
-    raise OnnxImportError(f"kiln dtype {name} has no ONNX element type")
 
 
 # ---------------------------------------------------------------------------
@@ -700,7 +696,6 @@ __all__ = [
     "OnnxNode",
     "OnnxUnsupportedError",
     "converters",
-    "dtype_to_onnx",
     "find_converter",
     "from_onnx",
     "onnx_converter",
