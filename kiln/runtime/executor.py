@@ -289,7 +289,7 @@ class GraphExecutor:
         # The llvm fast path: after one checked run, launches call the native entry on data pointers.
         # Inputs are checked by set_input, outputs are allocated here and intermediates are planned,
         # so the per-call checks (about 6 us a launch) would only repeat what is known.
-        self._entries: list[tuple[Callable[..., int], tuple[int, ...], list[int]]] | None = None
+        self._entries: list[tuple[Callable[..., int], tuple[int, ...], list[int], tuple[int, ...] | None]] | None = None
         self._pointers: list[int] = []
 
     @property
@@ -370,14 +370,16 @@ class GraphExecutor:
             kernel(*args)
             if isinstance(self._xp, _Host) and len(set(slots)) == len(slots):
                 entries.append((kernel.entry(), slots, kernel.check(*args)))
-        if len(entries) == len(g.launches):
-            self._entries = entries
-            # the intermediates and constants stay where they are: their addresses are taken once
-            self._pointers = [v.ctypes.data if s in self._fixed else 0 for s, v in enumerate(values)]
-
-    @property
-    def _fixed(self) -> set[int]:
-        return {s for s, slot in enumerate(self.lib.graph.slots) if slot.kind in ("temp", "const")}
+        if len(entries) < len(g.launches):
+            return
+        # intermediates and constants stay where they are: their addresses are taken once, and a
+        # launch that touches only them gets its whole argument tuple now
+        fixed = {s for s, slot in enumerate(g.slots) if slot.kind in ("temp", "const")}
+        self._pointers = [v.ctypes.data if s in fixed else 0 for s, v in enumerate(values)]
+        self._entries = [
+            (entry, slots, sizes, (*(self._pointers[s] for s in slots), *sizes) if fixed.issuperset(slots) else None)
+            for entry, slots, sizes in entries
+        ]
 
     def _run_entries(self, values: list[Any]) -> None:
         g = self.lib.graph
@@ -385,8 +387,8 @@ class GraphExecutor:
         for s in (*g.inputs, *g.outputs):
             if g.slots[s].kind in ("input", "output"):
                 pointers[s] = values[s].ctypes.data
-        for (entry, slots, sizes), launch in zip(self._entries or (), g.launches, strict=True):
-            if entry(*[pointers[s] for s in slots], *sizes):
+        for (entry, slots, sizes, args), launch in zip(self._entries or (), g.launches, strict=True):
+            if entry(*(args if args is not None else (*[pointers[s] for s in slots], *sizes))):
                 self.lib.kernels[launch.kernel].out_of_memory(sizes)
 
     def get_output(self, index: int) -> np.ndarray:
