@@ -46,10 +46,9 @@ from kiln.ir.dtype import DataType
 from kiln.ir.module import IRModule
 from kiln.ir.span import Span, span_scope
 from kiln.ir.types import Dim, SizeVar, TensorType, TupleType
-from kiln.registry import Op, attr
-from kiln.relay.backend.interpreter import run_op
+from kiln.registry import Op
 from kiln.relay.expr import Call, Constant, Expr, Function, Tuple, TupleGetItem, Var
-from kiln.relay.transform._common import is_stateful
+from kiln.relay.transform.fold_constant import fold_call, is_constant
 from kiln.relay.type_infer import infer_type
 from kiln.relay.visitor import ExprMutator, post_order
 
@@ -364,39 +363,16 @@ class _EagerFolder(ExprMutator):
 
     def rewrite_call(self, node: Call, op: Op | Expr, args: tuple[Expr, ...]) -> Expr:
         new = super().rewrite_call(node, op, args)
-        values = [_constant_value(a) for a in args]
-        if (
-            not isinstance(new, Call)
-            or not isinstance(op, Op)
-            or any(v is None for v in values)
-            or is_stateful(op)
-            or op.get_attr(attr.FReference) is None
-        ):
+        if not isinstance(new, Call) or not all(is_constant(a) for a in args):
             return new
         infer_type(new, reuse=True)
-        t = new.checked_type
-        if not isinstance(t, TensorType):
-            return new
-        value = run_op(op, new.attrs, values, new)
-        if not isinstance(value, np.ndarray):
-            return new
-        folded = Constant(np.array(value, dtype=t.dtype.numpy(), order="C"), span=node.span)
-        folded.set_checked_type(t)
-        return folded
+        folded = fold_call(new, args)
+        return folded if folded is not None else new
 
     def rewrite_tuple_getitem(self, node: TupleGetItem, value: Expr) -> Expr:
         if isinstance(value, Tuple):
             return value.fields[node.index]
         return super().rewrite_tuple_getitem(node, value)
-
-
-def _constant_value(e: Expr) -> Any:
-    """The value of a Constant (an array) or of a Tuple of Constants (a tuple of arrays), else None."""
-    if isinstance(e, Constant):
-        return e.data
-    if isinstance(e, Tuple) and all(isinstance(f, Constant) for f in e.fields):
-        return tuple(f.data for f in e.fields if isinstance(f, Constant))
-    return None
 
 
 def _typed(node: Expr) -> bool:

@@ -30,11 +30,13 @@ from kiln.relay.transform._common import impure_nodes, inside_primitive, is_stat
 from kiln.relay.visitor import ExprMutator, post_order
 
 
-def _is_constant(e: Expr) -> bool:
+def is_constant(e: Expr) -> bool:
+    """Whether `e` is a Constant or a Tuple of Constants (an argument FoldConstant can evaluate)."""
     return isinstance(e, Constant) or (isinstance(e, Tuple) and all(isinstance(f, Constant) for f in e.fields))
 
 
 def _value_of(e: Expr) -> Any:
+    """The array (or tuple of arrays) of an `is_constant` expression."""
     if isinstance(e, Constant):
         return e.data
     assert isinstance(e, Tuple)
@@ -57,6 +59,25 @@ def _as_expr(value: Any, t: Type, span: Any) -> Expr | None:
             return None
         return Tuple(tuple(f for f in fields if f is not None), span=span)
     return None
+
+
+def fold_call(call: Call, args: tuple[Expr, ...]) -> Expr | None:
+    """`call` (typed) evaluated on `args`: a Constant (or Tuple of them) of its type, or None.
+
+    None when an argument is not constant, the op is stateful or has no
+    reference, or the reference's result does not fit the call's type.
+    """
+    op = call.op
+    if (
+        not isinstance(op, Op)
+        or not all(is_constant(a) for a in args)
+        or is_stateful(op)
+        or op.get_attr(attr.FReference) is None
+        or not call.has_type
+    ):
+        return None
+    value = run_op(op, call.attrs, [_value_of(a) for a in args], call)
+    return _as_expr(value, call.checked_type, call.span)
 
 
 class _Folder(ExprMutator):
@@ -94,17 +115,7 @@ class _Folder(ExprMutator):
 
     def rewrite_call(self, node: Call, op: Op | Expr, args: tuple[Expr, ...]) -> Expr:
         new = super().rewrite_call(node, op, args)
-        if (
-            id(node) in self.skip
-            or not isinstance(op, Op)
-            or not all(_is_constant(a) for a in args)
-            or is_stateful(op)
-            or op.get_attr(attr.FReference) is None
-            or not node.has_type
-        ):
-            return new
-        value = run_op(op, node.attrs, [_value_of(a) for a in args], node)
-        folded = _as_expr(value, node.checked_type, node.span)
+        folded = fold_call(node, args) if id(node) not in self.skip else None
         return folded if folded is not None else new
 
     def rewrite_tuple_getitem(self, node: TupleGetItem, value: Expr) -> Expr:
