@@ -30,12 +30,12 @@ import attrs
 import numpy as np
 
 from kiln import relay
-from kiln.ir.dtype import DataType
 from kiln.ir.span import Span
 from kiln.ir.types import Dim
 from kiln.relay.expr import Expr, TupleGetItem
 from kiln.relay.frontend.onnx import OnnxNode, onnx_converter, onnx_dtype
 from kiln.relay.op.image import ResizeAxis, source_coordinate
+from kiln.relay.op.indexing import check_axes
 
 # --- windows: kernel, strides, dilations, pads ----------------------------------------------------
 
@@ -117,10 +117,6 @@ def _spatial_rank(node: OnnxNode, what: str) -> int:
     if nd not in (1, 2, 3):
         raise node.error(f"{nd}-D {what} (input of rank {nd + 2}) is not supported: kiln supports 1-D, 2-D and 3-D")
     return nd
-
-
-def _span() -> Span | None:
-    return Span.from_caller()
 
 
 # --- Conv, ConvTranspose --------------------------------------------------------------------------
@@ -366,10 +362,6 @@ def _global_max_pool(node: OnnxNode) -> Expr:
 # --- BatchNormalization, InstanceNormalization, LayerNormalization -------------------------------
 
 
-def _scalar(value: float, dtype: DataType) -> Expr:
-    return relay.const(value, dtype=dtype)
-
-
 def _moments(x: Expr, axes: list[int], keepdims: bool) -> tuple[Expr, Expr]:
     """(mean, population variance) of `x` over `axes`."""
     mean = relay.mean(x, axes, keepdims=True)
@@ -390,14 +382,15 @@ def _batch_norm(node: OnnxNode) -> Expr | list[Expr]:
         if extra:
             raise node.error(f"outputs {extra} exist in training mode only (opset < 14: "
                              "saved statistics are not supported)")
-        return TupleGetItem(relay.nn.batch_norm(x, scale, bias, mean, var, axis=1, epsilon=eps), 0, span=_span())
+        norm = relay.nn.batch_norm(x, scale, bias, mean, var, axis=1, epsilon=eps)
+        return TupleGetItem(norm, 0, span=Span.from_caller())
     rank = node.ndim(0)
     dtype = node.dtype(0)
     batch_mean, batch_var = _moments(x, [0, *range(2, rank)], keepdims=False)
     y = TupleGetItem(relay.nn.batch_norm(x, scale, bias, batch_mean, batch_var, axis=1, epsilon=eps), 0,
-                     span=_span())
+                     span=Span.from_caller())
     momentum = float(node.attr("momentum", 0.9))
-    keep, take = _scalar(momentum, dtype), _scalar(1 - momentum, dtype)
+    keep, take = relay.const(momentum, dtype=dtype), relay.const(1 - momentum, dtype=dtype)
 
     def running(old: Expr, new: Expr) -> Expr:
         return relay.add(relay.multiply(old, keep), relay.multiply(new, take))
@@ -413,7 +406,7 @@ def _instance_norm(node: OnnxNode) -> Expr:
         raise node.error(f"expected an input of rank 3 or more (N, C, spatial...), found rank {rank}")
     dtype = node.dtype(0)
     mean, var = _moments(x, list(range(2, rank)), keepdims=True)
-    inv = relay.rsqrt(relay.add(var, _scalar(float(node.attr("epsilon", 1e-5)), dtype)))
+    inv = relay.rsqrt(relay.add(var, relay.const(node.float_attr("epsilon", 1e-5), dtype=dtype)))
     normalized = relay.multiply(relay.subtract(x, mean), inv)
     out = relay.multiply(normalized, relay.expand_dims(scale, 1, num_newaxis=rank - 2))
     return relay.nn.bias_add(out, bias, axis=1)
@@ -449,7 +442,7 @@ def _layer_norm(node: OnnxNode) -> Expr | list[Expr]:
     xs = x if stash == dtype else relay.cast(x, stash)
     axes = list(range(axis, rank))
     mean, var = _moments(xs, axes, keepdims=True)
-    inv_std = relay.rsqrt(relay.add(var, _scalar(eps, stash)))
+    inv_std = relay.rsqrt(relay.add(var, relay.const(eps, dtype=stash)))
     normalized: Expr = relay.multiply(relay.subtract(xs, mean), inv_std)
     if stash != dtype:
         normalized = relay.cast(normalized, dtype)
@@ -593,9 +586,7 @@ def _resize(node: OnnxNode) -> Expr:
     axes = node.ints_attr("axes", None)
     if axes is None:
         axes = list(range(rank))
-    if any(not -rank <= a < rank for a in axes) or len({a % rank for a in axes}) != len(axes):
-        raise node.error(f"attribute axes {axes} must name distinct axes of the rank-{rank} input")
-    axes = [a % rank for a in axes]
+    axes = check_axes(axes, rank, "attribute axes entry")
     if node.opset < 11:
         sizes, scales = _resize_sizes(node, shape, axes, _const_floats(node, 1, "scales"), None, "stretch")
         return _asymmetric_resize(node.input(0), sizes, axes, mode, scales)

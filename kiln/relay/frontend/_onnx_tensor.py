@@ -28,6 +28,8 @@ from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim
 from kiln.relay.expr import Constant, Expr, TupleGetItem
 from kiln.relay.frontend.onnx import OnnxNode, onnx_converter, onnx_dtype
+from kiln.relay.op._rel import normalize_axis
+from kiln.relay.op.indexing import check_axes
 
 # An end this large means "to the end of the axis" in strided_slice (see indexing.py).
 _TO_END = 2**63 - 1
@@ -36,21 +38,6 @@ _TO_END = 2**63 - 1
 # ---------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------
-
-
-def _axis(node: OnnxNode, axis: int, rank: int, what: str = "axis") -> int:
-    """`axis` in [-rank, rank) made non-negative; an error naming the node otherwise."""
-    if not -rank <= axis < rank:
-        raise node.error(f"{what} {axis} is out of range for an input of rank {rank} (allowed: {-rank} to {rank - 1})")
-    return axis + rank if axis < 0 else axis
-
-
-def _axes(node: OnnxNode, axes: Sequence[int], rank: int, what: str = "axes") -> list[int]:
-    """`axes` normalized; an error for one out of range or given twice."""
-    out = [_axis(node, a, rank, f"{what} entry") for a in axes]
-    if len(set(out)) != len(out):
-        raise node.error(f"{what} {list(axes)} names an axis twice (input rank {rank})")
-    return out
 
 
 def _int_values(node: OnnxNode, i: int, what: str) -> list[int] | None:
@@ -108,7 +95,7 @@ def _reshape_v5(node: OnnxNode) -> Expr:
 def _transpose(node: OnnxNode) -> Expr:
     perm = node.ints_attr("perm", None)
     rank = node.ndim(0)
-    if perm is not None and sorted(_axes(node, perm, rank, "perm")) != list(range(rank)):
+    if perm is not None and sorted(check_axes(perm, rank, "perm entry")) != list(range(rank)):
         raise node.error(f"perm {perm} is not a permutation of the {rank} axes of the input")
     return relay.transpose(node.input(0), perm)
 
@@ -145,7 +132,7 @@ def _squeeze(node: OnnxNode, axes: list[int] | None) -> Expr:
             raise node.error(f"Squeeze without axes needs static dims to find the dims of size 1, found shape "
                              f"{tuple(str(d) for d in dims)}; give the axes")
         return relay.squeeze(x) if 1 in dims else x
-    normalized = _axes(node, axes, len(dims))
+    normalized = check_axes(axes, len(dims))
     for a in normalized:
         if isinstance(dims[a], int) and dims[a] != 1:
             raise node.error(f"cannot squeeze axis {a} of shape {tuple(dims)}: its size is {dims[a]}, not 1")
@@ -165,7 +152,7 @@ def _squeeze_v13(node: OnnxNode) -> Expr:
 def _unsqueeze(node: OnnxNode, axes: list[int]) -> Expr:
     out: Expr = node.input(0)
     rank = node.ndim(0) + len(axes)
-    for a in sorted(_axes(node, axes, rank)):  # ascending: each lands at its final position
+    for a in sorted(check_axes(axes, rank)):  # ascending: each lands at its final position
         out = relay.expand_dims(out, a)
     return out
 
@@ -191,7 +178,7 @@ def _concat(node: OnnxNode) -> Expr:
     if not inputs:
         raise node.error("Concat needs at least one input")
     axis = node.int_attr("axis", 1) if node.opset < 4 else node.int_attr("axis")
-    axis = _axis(node, axis, node.ndim(inputs[0]))
+    axis = normalize_axis(axis, node.ndim(inputs[0]))
     if len(inputs) == 1:
         return inputs[0]
     return relay.concatenate(inputs, axis)
@@ -200,7 +187,7 @@ def _concat(node: OnnxNode) -> Expr:
 def _split(node: OnnxNode, sizes: list[int] | None, num_outputs: int | None) -> list[Expr]:
     x = node.input(0)
     dims = node.shape(0)
-    axis = _axis(node, node.int_attr("axis", 0), len(dims))
+    axis = normalize_axis(node.int_attr("axis", 0), len(dims))
     count = len(node.outputs)
     if num_outputs is not None and num_outputs != count:
         raise node.error(f"num_outputs is {num_outputs} but the node has {count} outputs")
@@ -279,7 +266,7 @@ def _slice(
         raise node.error(f"starts, ends, axes and steps must have one entry each per sliced axis, found "
                          f"{len(starts)}, {len(ends)}, {len(axes)} and {len(steps)}")
     begin, end, strides, sliced = [], [], [], []
-    for axis, b, e, s in zip(_axes(node, axes, len(dims)), starts, ends, steps, strict=True):
+    for axis, b, e, s in zip(check_axes(axes, len(dims)), starts, ends, steps, strict=True):
         if s == 0:
             raise node.error(f"the step of axis {axis} is 0")
         dim = dims[axis]
@@ -319,7 +306,7 @@ def _slice_v10(node: OnnxNode) -> Expr:
 def _gather(node: OnnxNode) -> Expr:
     x, indices = node.input(0), node.input(1)
     dims = node.shape(0)
-    axis = _axis(node, node.int_attr("axis", 0), len(dims))
+    axis = normalize_axis(node.int_attr("axis", 0), len(dims))
     if not node.dtype(indices).is_int:
         raise node.error(f"indices must be integers, found dtype {node.dtype(indices)}")
     known = node.const_value(indices)
@@ -347,7 +334,7 @@ def _pad(node: OnnxNode, pads: list[int], value: Expr | float, axes: list[int] |
     mode = node.attr("mode", "constant")
     if mode not in _PAD_MODES:
         raise node.error(f"mode {mode!r} is not one of {', '.join(_PAD_MODES)}")
-    axes = list(range(rank)) if axes is None else _axes(node, axes, rank)
+    axes = list(range(rank)) if axes is None else check_axes(axes, rank)
     if len(pads) != 2 * len(axes):
         raise node.error(f"pads {pads} must hold 2 entries per padded axis ({2 * len(axes)} for {len(axes)} axes)")
     widths = [[0, 0] for _ in range(rank)]
@@ -452,7 +439,7 @@ def _tile_v1(node: OnnxNode) -> Expr:
     if len(tiles) != 1 or len(axis) != 1:
         raise node.error("tiles and axis must be scalars")
     reps = [1] * node.ndim(0)
-    reps[_axis(node, axis[0], len(reps))] = tiles[0]
+    reps[normalize_axis(axis[0], len(reps))] = tiles[0]
     return _tile(node, reps)
 
 
