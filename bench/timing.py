@@ -1,25 +1,15 @@
-"""The one timer of the benchmarks: the median wall time of repeated runs, here or in a clean subprocess."""
+"""The one timer of the benchmarks, here or in a clean subprocess.
+
+`median_time(fn, repeat=7, warmup=0)` is `kiln.bench.median_seconds`, the timer of `kiln bench` and the demo.
+"""
 
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 
-
-def median_time(fn: Callable[[], object], repeat: int = 7, warmup: int = 0) -> float:
-    """The median wall time of `fn()` over `repeat` runs, after `warmup` untimed runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from kiln.bench import median_seconds as median_time
 
 
 def seconds_without_coretype(code: str) -> float:
@@ -28,3 +18,6 @@ def seconds_without_coretype(code: str) -> float:
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+__all__ = ["median_time", "seconds_without_coretype"]

@@ -22,7 +22,7 @@ from kiln.errors import KilnError
 from kiln.ir.module import IRModule
 
 
-def median_seconds(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> float:
+def median_seconds(fn: Callable[[], Any], repeat: int = 7, warmup: int = 0) -> float:
     """The median wall time of `fn()` over `repeat` runs, after `warmup` untimed runs."""
     for _ in range(warmup):
         fn()
@@ -98,11 +98,11 @@ def compare(
         if session is not None:
             feeds = {k: v for k, v in inputs.items() if k in {i.name for i in session.get_inputs()}}
             reference = session.run(None, feeds)
-            times["onnxruntime"] = median_seconds(lambda: session.run(None, feeds), repeat)
+            times["onnxruntime"] = median_seconds(lambda: session.run(None, feeds), repeat, warmup=3)
     ex = lib.create_executor()
     result = ex(**inputs)
     outputs = list(result) if isinstance(result, tuple) else [result]
-    times["kiln"] = median_seconds(lambda: ex(**inputs), repeat)
+    times["kiln"] = median_seconds(lambda: ex(**inputs), repeat, warmup=3)
     print(f"kiln         {_ms(times['kiln'])}  (median of {repeat})", file=stream)
     if "onnxruntime" in times:
         print(f"onnxruntime  {_ms(times['onnxruntime'])}  (median of {repeat})", file=stream)

@@ -165,8 +165,8 @@ def run_model(model: DemoModel, target: Target, repeat: int = 7) -> ModelResult:
     _check(model, "numpy", got, model.numpy(model.x))
 
     _section(f"time (median of {repeat} runs)")
-    kiln_s = median_seconds(lambda: ex(x=model.x), repeat)
-    numpy_s = median_seconds(lambda: model.numpy(model.x), repeat)
+    kiln_s = median_seconds(lambda: ex(x=model.x), repeat, warmup=3)
+    numpy_s = median_seconds(lambda: model.numpy(model.x), repeat, warmup=3)
     ops = {node.op.name: None for node in post_order(fused["main"].body)
            if isinstance(node, relay.Call) and isinstance(node.op, Op)}
     result = ModelResult(model.name, len(lib.kernels), compile_s, kiln_s, numpy_s, err, tuple(ops))
