@@ -1,6 +1,7 @@
 """Compiled kernels (`Module`), the graph executor, its file format and memory planning."""
 
-from kiln.runtime.executor import ExecutorError, GraphExecutor, Library, LibraryFormatError, load
+from kiln.runtime.executor import GraphExecutor
+from kiln.runtime.library import ExecutorError, Library, LibraryFormatError, load
 from kiln.runtime.module import ArgumentError, KernelMemoryError, Module
 
 __all__ = [

@@ -24,7 +24,7 @@ from kiln.relay import expr as rx
 from kiln.relay.backend.te_compiler import CompiledKernel, compile_primitive, field_slice, tensor_types
 from kiln.relay.type_infer import infer_type
 from kiln.relay.visitor import ExprMutator, post_order
-from kiln.runtime.executor import Graph, Launch, Library, Slot
+from kiln.runtime.library import Graph, Launch, Library, Slot
 from kiln.target import Target
 
 
