@@ -6,8 +6,12 @@ The engine is disposed of when the `runtime.Module` that holds it is garbage
 collected, so compiling and dropping many kernels does not grow memory without
 bound (MCJIT never frees code on its own).
 
-Every external symbol that a kernel needs is looked up in the process before
-the kernel can be called: MCJIT would otherwise bind it to address 0.
+Before any object code is linked (fresh compiles, cache hits and loaded
+libraries alike), `check_object` reads its ELF symbol table (`objfile`): every
+undefined symbol must be in `ALLOWED_SYMBOLS` (what kiln's code generator
+calls: libm, the heap, the memory intrinsics, libgomp) and must resolve in the
+process. MCJIT would otherwise resolve any libc function (`system`) for code it
+was handed, and bind a missing one to address 0.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import llvmlite.binding as llvm
 
+from kiln.codegen import objfile
 from kiln.errors import KilnError
 from kiln.target import Target
 
@@ -62,6 +67,23 @@ def kernel_symbol(name: str) -> str:
     """The machine-code symbol of kernel `name`: prefixed, so a kernel named `sin` or `free` never
     takes the place of the libm / libc function its own code calls."""
     return f"kiln_{name}"
+
+
+def signature_symbol(name: str) -> str:
+    """The data symbol holding kernel `name`'s signature text in its object code (see `signature_text`)."""
+    return f"kiln_sig_{name}"
+
+
+def signature_text(params: Iterable[tuple[str, str, Iterable[int | str]]]) -> str:
+    """The text of a kernel's buffer parameters, `name:dtype[d0,d1];...` (a symbolic dim by its name).
+
+    The LLVM back end embeds it in each kernel's object code (`signature_symbol`), so that a loaded
+    library's header can be checked against the signature the code was compiled for.
+
+    Args:
+        params: (name, dtype, dims) per buffer parameter, in order.
+    """
+    return ";".join(f"{name}:{dtype}[{','.join(str(d) for d in dims)}]" for name, dtype, dims in params)
 
 
 def have_openmp() -> bool:
@@ -191,12 +213,68 @@ def emit_assembly(mod: Any, tm: Any) -> str:
     return str(tm.emit_assembly(mod))
 
 
+# What kiln's code generator makes object code call, and nothing else: the libm functions of its
+# float64 math and of the intrinsics LLVM lowers to calls (sin, cos, pow, exp2, ... and sincos, which
+# LLVM forms from a sin and a cos of one value; floor/ceil/roundeven/... on CPUs without SSE4.1), the
+# heap temporaries, the memory intrinsics, libgomp's entry points of parallel loops, and the float16
+# conversions of compiler-rt/libgcc (listed so that they are checked to resolve, not bound to 0).
+_LIBM_BASE = ("sin", "cos", "tan", "sincos", "pow", "exp", "exp2", "exp10", "log", "log2", "log10", "tanh",
+              "erf", "fmod", "floor", "ceil", "round", "roundeven", "trunc", "rint", "nearbyint", "sqrt",
+              "fma", "fabs", "copysign", "fmin", "fmax")
+ALLOWED_SYMBOLS: frozenset[str] = frozenset(
+    [*_LIBM_BASE, *(n + "f" for n in _LIBM_BASE),
+     "memset", "memcpy", "memmove", "aligned_alloc", "malloc", "free", "posix_memalign",
+     "GOMP_parallel", "omp_get_num_threads", "omp_get_thread_num",
+     "__extendhfsf2", "__truncsfhf2", "__truncdfhf2", "__gnu_h2f_ieee", "__gnu_f2h_ieee"]
+)
+# Names the JIT's own linker defines (the GOT of position-independent code), never looked up in the process.
+_LINKER_SYMBOLS = frozenset(["_GLOBAL_OFFSET_TABLE_"])
+
+
+class DisallowedSymbolError(KilnError, ValueError):
+    """Object code that calls a function kiln's code generator never calls (e.g. `system`)."""
+
+
+def check_object(obj: bytes, kernel: str) -> objfile.ObjectFile:
+    """Checks object code before it is linked: a well-formed ELF64 object for this machine whose every
+    undefined symbol is allow-listed (`ALLOWED_SYMBOLS`) and resolves in this process.
+
+    The symbols are read from the object itself, not from any list stored beside it: a cache entry or
+    library file is not trusted to describe its own code, and LLVM may add calls during codegen.
+
+    Args:
+        obj: relocatable object code.
+        kernel: the kernel's name, for the messages.
+
+    Returns:
+        The parsed object.
+
+    Raises:
+        ObjectFileError: for bytes that are not an ELF64 object for this machine.
+        DisallowedSymbolError: for a symbol outside the allow-list.
+        UnresolvedSymbolError: for an allowed symbol no loaded library defines.
+    """
+    initialize()
+    parsed = objfile.ObjectFile(obj, f"object code of kernel {kernel!r}")
+    needed = [n for n in parsed.undefined_symbols() if n not in _LINKER_SYMBOLS]
+    bad = [n for n in needed if n not in ALLOWED_SYMBOLS]
+    if bad:
+        raise DisallowedSymbolError(
+            f"kernel {kernel!r}: its object code calls {', '.join(map(repr, bad))}, which kiln's code generator "
+            "never calls; the code was not made by kiln and is not linked"
+        )
+    check_symbols(needed, kernel)
+    return parsed
+
+
 class Engine:
     """One MCJIT engine holding one kernel's object code; `close()` frees the code."""
 
     def __init__(self, obj: bytes, target: Target, symbols: Iterable[str], kernel: str) -> None:
+        """Links `obj` after `check_object`; `symbols` (the list stored with the code) is not trusted,
+        the object's own symbol table is read instead."""
         initialize()
-        check_symbols(symbols, kernel)
+        check_object(obj, kernel)
         tm = create_target_machine(target)
         empty = llvm.parse_assembly("")
         empty.triple = tm.triple

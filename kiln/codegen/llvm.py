@@ -210,7 +210,18 @@ class CodeGenLLVM:
             self.f.vars[id(var)] = self._int_resize(arg, "int64", var.dtype)
         self.stmt(flat.body)
         self.f.builder.ret(I32(STATUS_OK))
+        self._embed_signature(func)
         return str(self.module)
+
+    def _embed_signature(self, func: PrimFunc) -> None:
+        """A constant `kiln_sig_<name>` holding the parameters' text (`jit.signature_text`): loading a
+        library checks its header against it, read from the object's symbol table, never executed."""
+        text = jit.signature_text((b.name, b.dtype, [d.value if isinstance(d, IntImm) else str(d) for d in b.shape])
+                                  for b in func.params).encode()
+        ty = ir.ArrayType(ir.IntType(8), len(text))
+        sig = ir.GlobalVariable(self.module, ty, jit.signature_symbol(func.name))
+        sig.global_constant = True
+        sig.initializer = ir.Constant(ty, bytearray(text))
 
     def _function(self, name: str, fnty: ir.FunctionType, internal: bool) -> ir.Function:
         fn = ir.Function(self.module, fnty, name)
