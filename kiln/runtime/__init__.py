@@ -1,8 +1,9 @@
 """Compiled kernels (`Module`), the graph executor, its file format and memory planning."""
 
 from kiln.runtime.executor import GraphExecutor
-from kiln.runtime.library import ExecutorError, Library, LibraryFormatError, load
+from kiln.runtime.library import ExecutorError, Library, LibraryFormatError, LibraryTrustError, load
 from kiln.runtime.module import ArgumentError, KernelMemoryError, Module
+from kiln.runtime.trust import TrustSetupError
 
 __all__ = [
     "ArgumentError",
@@ -11,6 +12,8 @@ __all__ = [
     "KernelMemoryError",
     "Library",
     "LibraryFormatError",
+    "LibraryTrustError",
     "Module",
+    "TrustSetupError",
     "load",
 ]

@@ -7,10 +7,21 @@ buffer as soon as the last launch reading its previous value has run (best
 fit among free buffers of sufficient size), so the peak memory is the sum of
 the buffers, not of the intermediates.
 
-`Library.export(path)` writes one file: a header (magic, version, length and
-sha256 of the payload), then the JSON graph, every kernel's object code and
-the constants. `load(path)` checks all of it before it maps any code; a
-truncated or corrupt file raises `LibraryFormatError`.
+`Library.export(path)` writes one file: a header (magic with the format
+version, length and sha256 of the payload, and an HMAC-SHA256 tag of it under
+the user's secret key, `kiln.runtime.trust`), then the JSON graph, every
+kernel's object code and the constants. A library is native code, so
+`load(path)` checks all of it before it links any code: a truncated or
+corrupt file raises `LibraryFormatError`; a file whose tag does not verify
+(not written by this user's kiln, or edited since, even with its sha256
+recomputed) raises `LibraryTrustError`, unless the user opts in with
+`load(path, trust=True)`. Trusted or not, every header field is then
+validated: types, sizes and indices; each launch's slots against its
+kernel's parameters; those parameters against the signature compiled into
+the kernel's object code (`kiln_sig_<name>`, read from its ELF symbol table);
+the object code itself (an ELF object for this machine calling only
+allow-listed symbols, `kiln.codegen.jit.check_object`); the target's CPU
+features against this CPU; the constants against their slots. See SECURITY.md.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import struct
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +39,7 @@ import attrs
 import numpy as np
 
 from kiln.errors import KilnError
+from kiln.runtime import trust as _trust
 from kiln.runtime.module import Module, numpy_dtype
 from kiln.target import Target
 from kiln.tir import expr as tx
@@ -36,7 +49,9 @@ from kiln.tir.stmt import buffer as tir_buffer
 if TYPE_CHECKING:
     from kiln.runtime.executor import GraphExecutor
 
-_MAGIC = b"KILNLIB1"
+_MAGIC = b"KILNLIB2"  # 2: authenticated (an HMAC tag after the sha256)
+_OLD_MAGICS = (b"KILNLIB1",)
+_FIXED = len(_MAGIC) + 8 + 32 + _trust.TAG_BYTES  # magic, payload length, sha256, HMAC tag
 
 
 class ExecutorError(KilnError, ValueError):
@@ -45,6 +60,11 @@ class ExecutorError(KilnError, ValueError):
 
 class LibraryFormatError(KilnError, ValueError):
     """A library file that is not one, is truncated, or was altered."""
+
+
+class LibraryTrustError(LibraryFormatError):
+    """A library file that this user's kiln did not write (or that was altered since): its HMAC tag
+    does not verify under the user's secret key, so its code is not run."""
 
 
 @attrs.frozen
@@ -154,7 +174,7 @@ class Library:
             params = [{"name": b.name, "dtype": b.dtype,
                        "shape": [int(d.value) if isinstance(d, tx.IntImm) else str(d) for d in b.shape]}
                       for b in m.func.params]
-            kernels.append({"name": m.name, "params": params, "object": blob(m.object_code), "symbols": m.symbols})
+            kernels.append({"name": m.name, "params": params, "object": blob(m.object_code)})
         consts = {}
         for s, arr in self.graph.constants.items():
             buf = io.BytesIO()
@@ -171,7 +191,258 @@ class Library:
         head = json.dumps(header).encode()
         payload = struct.pack("<Q", len(head)) + head + b"".join(blobs)
         digest = hashlib.sha256(payload).digest()
-        Path(path).write_bytes(_MAGIC + struct.pack("<Q", len(payload)) + digest + payload)
+        tag = _trust.sign(_MAGIC + payload)
+        Path(path).write_bytes(_MAGIC + struct.pack("<Q", len(payload)) + digest + tag + payload)
+
+
+# -- loading: authenticate, then validate every header field before any code is linked ---------------
+
+DTYPES = frozenset(["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                    "float16", "float32", "float64"])
+_SLOT_KINDS = ("input", "const", "temp", "output")
+_HEADER_KEYS = {"target", "slots", "launches", "inputs", "outputs", "storage_sizes", "constants", "kernels", "blobs"}
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+# CPU names whose code needs these features (a target's -mcpu implies them without any -mattr):
+# a library for `-mcpu=skylake-avx512` is refused on a host without AVX-512 before it runs.
+_AVX512 = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client", "icelake-server",
+           "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d",
+           "diamondrapids", "knl", "knm", "znver4", "znver5", "x86-64-v4")
+_AVX2 = ("haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake", "arrowlake", "arrowlake-s",
+         "lunarlake", "pantherlake", "gracemont", "sierraforest", "grandridge", "clearwaterforest", "znver1",
+         "znver2", "znver3", "bdver4", "x86-64-v3")
+_CPU_FEATURES: dict[str, tuple[str, ...]] = {
+    **{c: ("avx", "avx2", "fma") for c in _AVX2},
+    **{c: ("avx", "avx2", "fma", "avx512f") for c in _AVX512},
+    **{c: ("avx",) for c in ("sandybridge", "ivybridge", "btver2", "bdver1", "bdver2", "bdver3")},
+}
+
+
+def check_host_target(target: Target) -> None:
+    """Refuses an llvm target whose code this CPU cannot run: features its `-mattr` enables, or its
+    `-mcpu` implies (for the CPU names kiln knows), that the host lacks.
+
+    Raises:
+        LibraryFormatError: naming the missing features.
+    """
+    from kiln.target import detect
+
+    host = detect.host_cpu()
+    have = {f[1:] for f in host.features if f.startswith("+")}
+    attrs_ = [str(f) for f in target.get("mattr") or ()]
+    need = set(_CPU_FEATURES.get(str(target.get("mcpu") or ""), ()))
+    need -= {f[1:] for f in attrs_ if f.startswith("-")}
+    need |= {f[1:] for f in attrs_ if f.startswith("+")}
+    missing = sorted(need - have)
+    if missing:
+        raise LibraryFormatError(
+            f"compiled for {target}, which needs CPU feature(s) {', '.join(missing)} that this CPU "
+            f"({host.name}) lacks; compile the model again on this machine (or for a target it supports)"
+        )
+
+
+class _Checker:
+    """Type and range checks of a decoded header; every failure is a LibraryFormatError naming the field."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, field: str, message: str) -> LibraryFormatError:
+        return LibraryFormatError(f"{self.where}: header field {field}: {message}")
+
+    def of(self, value: Any, kind: type | tuple[type, ...], field: str) -> Any:
+        # bool is an int in Python; a header never means True for a size or an index
+        if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple)
+                                                                                     else (kind,))):
+            want = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise self.fail(field, f"expected {want}, got {type(value).__name__} {value!r:.60}")
+        return value
+
+    def dict_(self, value: Any, keys: set[str], field: str) -> dict[str, Any]:
+        self.of(value, dict, field)
+        if set(value) != keys:
+            raise self.fail(field, f"expected keys {sorted(keys)}, got {sorted(map(str, value))}")
+        return value  # type: ignore[no-any-return]
+
+    def list_(self, value: Any, field: str) -> list[Any]:
+        return self.of(value, list, field)  # type: ignore[no-any-return]
+
+    def size(self, value: Any, field: str) -> int:
+        if self.of(value, int, field) < 0:
+            raise self.fail(field, f"negative size {value}")
+        return int(value)
+
+    def index(self, value: Any, count: int, field: str, what: str) -> int:
+        if not 0 <= self.of(value, int, field) < count:
+            raise self.fail(field, f"{what} index {value} out of range (there are {count})")
+        return int(value)
+
+    def name(self, value: Any, field: str) -> str:
+        if not _IDENT.fullmatch(self.of(value, str, field)):
+            raise self.fail(field, f"{value!r:.60} is not a name")
+        return str(value)
+
+    def dtype(self, value: Any, field: str) -> str:
+        if self.of(value, str, field) not in DTYPES:
+            raise self.fail(field, f"unknown dtype {value!r:.60}")
+        return str(value)
+
+
+def _decode_file(data: bytes, where: str, trusted: bool) -> tuple[dict[str, Any], list[bytes]]:
+    """The header and blobs of a library file after its checksum and (unless `trusted`) its HMAC."""
+    if any(data.startswith(m) for m in _OLD_MAGICS):
+        raise LibraryFormatError(f"{where}: written by an older kiln (format {data[7:8].decode()}, without "
+                                 "authentication); compile the model again with this kiln")
+    if len(data) < _FIXED or not data.startswith(_MAGIC):
+        raise LibraryFormatError(f"{where}: not a kiln library (bad magic or too short)")
+    (length,) = struct.unpack_from("<Q", data, len(_MAGIC))
+    digest = data[len(_MAGIC) + 8: len(_MAGIC) + 40]
+    tag = data[len(_MAGIC) + 40: _FIXED]
+    payload = data[_FIXED:]
+    if len(payload) != length:
+        raise LibraryFormatError(f"{where}: truncated ({len(payload)} of {length} payload bytes)")
+    if hashlib.sha256(payload).digest() != digest:
+        raise LibraryFormatError(f"{where}: checksum mismatch; the file was altered or corrupted")
+    if not trusted and not _trust.verify(_MAGIC + payload, tag):
+        raise LibraryTrustError(
+            f"{where}: not written by your kiln, or altered since: its authentication tag does not verify "
+            f"under your secret key ({_trust.secret_path()}). A library is native code, so kiln runs only "
+            "the ones it wrote. If you trust this file, load it with runtime.load(path, trust=True) "
+            "(kiln run --trust); runtime.load(path, trust=True).export(path) re-signs it as yours"
+        )
+    if len(payload) < 8:
+        raise LibraryFormatError(f"{where}: payload of {len(payload)} bytes has no header")
+    (head_len,) = struct.unpack_from("<Q", payload, 0)
+    if head_len > len(payload) - 8:
+        raise LibraryFormatError(f"{where}: header of {head_len} bytes in a {len(payload)}-byte payload")
+    try:
+        header = json.loads(payload[8: 8 + head_len])
+    except ValueError as e:  # also UnicodeDecodeError
+        raise LibraryFormatError(f"{where}: header is not JSON ({e})") from e
+    c = _Checker(where)
+    c.dict_(header, _HEADER_KEYS, "header")
+    sizes = [c.size(n, f"blobs[{i}]") for i, n in enumerate(c.list_(header["blobs"], "blobs"))]
+    if sum(sizes) != len(payload) - 8 - head_len:
+        raise c.fail("blobs", f"sizes add up to {sum(sizes)} bytes, but {len(payload) - 8 - head_len} follow "
+                              "the header")
+    blobs, pos = [], 8 + head_len
+    for n in sizes:
+        blobs.append(payload[pos: pos + n])
+        pos += n
+    return header, blobs
+
+
+def _load_kernel(c: _Checker, k: Any, i: int, blobs: list[bytes]) -> tuple[str, list[dict[str, Any]], bytes]:
+    """(name, params, object code) of header kernel `i`, checked against the signature in its object code."""
+    from kiln.codegen import jit
+
+    f = f"kernels[{i}]"
+    c.dict_(k, {"name", "params", "object"}, f)
+    name = c.name(k["name"], f"{f}.name")
+    params = []
+    for j, p in enumerate(c.list_(k["params"], f"{f}.params")):
+        pf = f"{f}.params[{j}]"
+        c.dict_(p, {"name", "dtype", "shape"}, pf)
+        c.name(p["name"], f"{pf}.name")
+        c.dtype(p["dtype"], f"{pf}.dtype")
+        for a, d in enumerate(c.list_(p["shape"], f"{pf}.shape")):
+            if isinstance(d, str):
+                c.name(d, f"{pf}.shape[{a}]")
+            else:
+                c.size(d, f"{pf}.shape[{a}]")
+        params.append(p)
+    obj = blobs[c.index(k["object"], len(blobs), f"{f}.object", "blob")]
+    try:
+        parsed = jit.check_object(obj, name)
+        embedded = parsed.data_of(jit.signature_symbol(name))
+    except KilnError as e:  # ObjectFileError, DisallowedSymbolError, UnresolvedSymbolError
+        raise LibraryFormatError(f"{c.where}: {e}") from e
+    if parsed.defined(jit.kernel_symbol(name)) is None or embedded is None:
+        raise LibraryFormatError(f"{c.where}: the object code of kernel {name!r} defines no kernel "
+                                 f"{jit.kernel_symbol(name)!r} with its signature; it was not made by kiln")
+    declared = jit.signature_text((p["name"], p["dtype"], p["shape"]) for p in params)
+    if embedded != declared.encode():
+        raise LibraryFormatError(
+            f"{c.where}: kernel {name!r}: the header gives its parameters as {declared!r}, but its object code "
+            f"was compiled for {embedded.decode(errors='replace')!r}")
+    return name, params, obj
+
+
+def _check_launch(c: _Checker, n: int, launch: Launch, params: list[dict[str, Any]], slots: list[Slot]) -> None:
+    """The slots of launch `n` agree in count, dtype and shape with its kernel's parameters."""
+    f = f"launches[{n}]"
+    args = (*launch.inputs, *launch.outputs)
+    if len(args) != len(params):
+        raise c.fail(f, f"{len(args)} slots for a kernel of {len(params)} parameters")
+    bound: dict[str, int] = {}
+    for s, p in zip(args, params, strict=True):
+        slot = slots[s]
+        what = f"slot {s} for parameter {p['name']!r}"
+        if slot.dtype != p["dtype"]:
+            raise c.fail(f, f"{what}: dtype {slot.dtype}, the kernel takes {p['dtype']}")
+        if len(slot.shape) != len(p["shape"]) or any(
+                isinstance(d, int) and d != g for d, g in zip(p["shape"], slot.shape, strict=False)):
+            raise c.fail(f, f"{what}: shape {list(slot.shape)}, the kernel takes {p['shape']}")
+        for d, g in zip(p["shape"], slot.shape, strict=True):
+            if isinstance(d, str) and bound.setdefault(d, g) != g:
+                raise c.fail(f, f"{what}: size {d} is {bound[d]} elsewhere but {g} here")
+    for s in launch.outputs:
+        if slots[s].kind not in ("temp", "output"):
+            raise c.fail(f, f"writes slot {s}, which is an {slots[s].kind}")
+
+
+def _graph(c: _Checker, header: dict[str, Any], blobs: list[bytes], params: list[list[dict[str, Any]]]) -> Graph:
+    """The checked graph of a header: slots, storage, launches against kernels, inputs, outputs, constants."""
+    storage = [c.size(n, f"storage_sizes[{i}]") for i, n in enumerate(c.list_(header["storage_sizes"],
+                                                                                 "storage_sizes"))]
+    slots = []
+    for i, s in enumerate(c.list_(header["slots"], "slots")):
+        f = f"slots[{i}]"
+        c.dict_(s, {"shape", "dtype", "kind", "name", "storage"}, f)
+        shape = tuple(c.size(d, f"{f}.shape[{a}]") for a, d in enumerate(c.list_(s["shape"], f"{f}.shape")))
+        kind = c.of(s["kind"], str, f"{f}.kind")
+        if kind not in _SLOT_KINDS:
+            raise c.fail(f"{f}.kind", f"expected one of {list(_SLOT_KINDS)}, got {kind!r:.40}")
+        slot = Slot(shape, c.dtype(s["dtype"], f"{f}.dtype"), kind, c.of(s["name"], str, f"{f}.name"),
+                    c.of(s["storage"], int, f"{f}.storage"))
+        if kind == "temp":
+            b = c.index(slot.storage, len(storage), f"{f}.storage", "storage buffer")
+            if storage[b] < slot.nbytes:
+                raise c.fail(f, f"needs {slot.nbytes} bytes, but its storage buffer {b} has {storage[b]}")
+        slots.append(slot)
+    launches = []
+    for n, x in enumerate(c.list_(header["launches"], "launches")):
+        f = f"launches[{n}]"
+        c.dict_(x, {"kernel", "inputs", "outputs"}, f)
+        k = c.index(x["kernel"], len(params), f"{f}.kernel", "kernel")
+        ins, outs = (tuple(c.index(s, len(slots), f"{f}.{key}[{j}]", "slot")
+                           for j, s in enumerate(c.list_(x[key], f"{f}.{key}"))) for key in ("inputs", "outputs"))
+        launch = Launch(k, ins, outs)
+        _check_launch(c, n, launch, params[k], slots)
+        launches.append(launch)
+    inputs = [c.index(s, len(slots), f"inputs[{j}]", "slot") for j, s in enumerate(c.list_(header["inputs"], "inputs"))]
+    outputs = [c.index(s, len(slots), f"outputs[{j}]", "slot")
+               for j, s in enumerate(c.list_(header["outputs"], "outputs"))]
+    if sorted(inputs) != [s for s, slot in enumerate(slots) if slot.kind == "input"] or \
+            len({slots[s].name for s in inputs}) != len(inputs):
+        raise c.fail("inputs", "must list every input slot once, with distinct names")
+    constants = {}
+    for key, b in c.of(header["constants"], dict, "constants").items():
+        f = f"constants[{key!r:.20}]"
+        if not re.fullmatch(r"\d{1,9}", key) or int(key) >= len(slots) or slots[int(key)].kind != "const":
+            raise c.fail(f, "not the index of a const slot")
+        slot = slots[int(key)]
+        try:
+            arr = np.load(io.BytesIO(blobs[c.index(b, len(blobs), f, "blob")]), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise c.fail(f, f"not a numpy array ({e})") from e
+        if not isinstance(arr, np.ndarray) or arr.shape != slot.shape or arr.dtype != numpy_dtype(slot.dtype):
+            raise c.fail(f, f"array {getattr(arr, 'dtype', '?')}{getattr(arr, 'shape', '')}, its slot is "
+                            f"{slot.dtype}{slot.shape}")
+        constants[int(key)] = arr
+    if set(constants) != {s for s, slot in enumerate(slots) if slot.kind == "const"}:
+        raise c.fail("constants", "every const slot needs its array")
+    return Graph(slots, launches, inputs, outputs, constants, storage)
 
 
 def _signature(name: str, params: list[dict[str, Any]]) -> PrimFunc:
@@ -184,39 +455,41 @@ def _signature(name: str, params: list[dict[str, Any]]) -> PrimFunc:
     return PrimFunc(name, bufs, Evaluate(tx.const(0)))
 
 
-def load(path: str | Path) -> Library:
+def load(path: str | Path, trust: bool = False) -> Library:
     """Reads a file written by `Library.export`, without compiling anything.
 
+    In order, before any code is linked: the magic and length, the sha256 (accidents), the HMAC tag
+    under this user's secret (a file not written by this user's kiln), then every header field: types,
+    sizes, indices, launches against their kernels' parameters, those parameters against the signature
+    compiled into each kernel's object code, the object code itself (ELF for this machine, allow-listed
+    symbols), the target's CPU features against this CPU, constants against their slots.
+
+    Args:
+        path: the file.
+        trust: skip the HMAC check only (for a file from elsewhere that you trust: its code runs with
+            your rights); the structural checks still apply.
+
     Raises:
-        LibraryFormatError: for a file that is not a kiln library, is truncated or fails its checksum.
+        LibraryTrustError: for a file whose tag does not verify (not written by this user's kiln, or altered).
+        LibraryFormatError: for a file that is not a kiln library, is truncated, fails its checksum, or
+            whose header is inconsistent with itself or its kernels.
+        TrustSetupError: when the secret key file is unsafe or cannot be created.
     """
     data = Path(path).read_bytes()
     where = f"kiln library {str(path)!r}"
-    if len(data) < len(_MAGIC) + 40 or not data.startswith(_MAGIC):
-        raise LibraryFormatError(f"{where}: not a kiln library (bad magic or too short)")
-    (length,) = struct.unpack_from("<Q", data, len(_MAGIC))
-    digest = data[len(_MAGIC) + 8: len(_MAGIC) + 40]
-    payload = data[len(_MAGIC) + 40:]
-    if len(payload) != length:
-        raise LibraryFormatError(f"{where}: truncated ({len(payload)} of {length} payload bytes)")
-    if hashlib.sha256(payload).digest() != digest:
-        raise LibraryFormatError(f"{where}: checksum mismatch; the file was altered or corrupted")
+    header, blobs = _decode_file(data, where, trust)
+    c = _Checker(where)
     try:
-        (head_len,) = struct.unpack_from("<Q", payload, 0)
-        header = json.loads(payload[8: 8 + head_len])
-        blobs, pos = [], 8 + head_len
-        for size in header["blobs"]:
-            blobs.append(payload[pos: pos + size])
-            pos += size
-        target = Target(header["target"])
-        kernels = [Module(_signature(k["name"], k["params"]), target, blobs[k["object"]], k["symbols"])
-                   for k in header["kernels"]]
-        constants = {int(s): np.load(io.BytesIO(blobs[b]), allow_pickle=False) for s, b in header["constants"].items()}
-        graph = Graph(
-            [Slot(tuple(s["shape"]), s["dtype"], s["kind"], s["name"], s["storage"]) for s in header["slots"]],
-            [Launch(x["kernel"], tuple(x["inputs"]), tuple(x["outputs"])) for x in header["launches"]],
-            list(header["inputs"]), list(header["outputs"]), constants, list(header["storage_sizes"]),
-        )
-    except (KeyError, TypeError, ValueError, IndexError, struct.error) as e:
-        raise LibraryFormatError(f"{where}: malformed contents ({type(e).__name__}: {e})") from e
-    return Library(graph, kernels, target)
+        target = Target(c.of(header["target"], str, "target"))
+    except KilnError as e:
+        raise c.fail("target", str(e)) from e
+    if target.kind.name != "llvm":
+        raise c.fail("target", f"{target} is not an llvm target")
+    try:
+        check_host_target(target)
+    except LibraryFormatError as e:
+        raise LibraryFormatError(f"{where}: {e}") from e
+    kernels = [_load_kernel(c, k, i, blobs) for i, k in enumerate(c.list_(header["kernels"], "kernels"))]
+    graph = _graph(c, header, blobs, [params for _, params, _ in kernels])
+    modules = [Module(_signature(name, params), target, obj, []) for name, params, obj in kernels]
+    return Library(graph, modules, target)
