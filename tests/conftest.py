@@ -17,9 +17,11 @@ def _registry_scope() -> Iterator[None]:
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Compiled kernels go to a temporary folder, never the user's cache."""
+    """Compiled kernels and the secret key go to temporary folders, never the user's cache and key."""
     mp = pytest.MonkeyPatch()
     mp.setenv("KILN_CACHE_DIR", str(tmp_path_factory.mktemp("kiln-cache")))
+    # the secret that signs libraries and cache entries too: tests never read or create the user's key
+    mp.setenv("KILN_SECRET_FILE", str(tmp_path_factory.mktemp("kiln-secret") / "secret.key"))
     try:
         yield
     finally:
