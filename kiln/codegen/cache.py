@@ -5,10 +5,18 @@ the target string (CPU name and features), the llvmlite version, kiln's
 version and a digest of the code generator's source files. In memory, a bounded LRU dict of
 compiled `Module`s; on disk, one file per key under `$KILN_CACHE_DIR` (default
 `~/.cache/kiln`) holding the object code behind a header with its length,
-checksum and key. A file whose header, length, checksum or key does not match
-is deleted and the kernel recompiled: it is never loaded. Files are written
-to a temporary name and renamed, so readers never see half a file.
-`KILN_CACHE=0` turns both caches off.
+checksum, key and an HMAC-SHA256 tag of key and code under the user's secret
+(`kiln.runtime.trust`). A cache entry is code: the sha256 only detects
+accidents (anyone can recompute it), the tag tells that this user's kiln
+wrote the entry. A file whose header, length, checksum, key or tag does not
+match is deleted and the kernel recompiled: it is never loaded (`corrupt`
+counts them; `untrusted`, those refused for their tag alone). Files are
+written to a temporary name and renamed, so readers never see half a file.
+
+The folder is created 0700 (and each of its subfolders); a cache folder owned
+by another user, or writable by group or others, is refused with
+`TrustSetupError`, which names it and says how to fix it. `KILN_CACHE=0`
+turns both caches off.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import llvmlite
 
+from kiln.runtime import trust
 from kiln.target import Target
 
 if TYPE_CHECKING:
@@ -41,7 +50,7 @@ def _codegen_version() -> str:
 
 
 CODEGEN_VERSION = _codegen_version()
-_MAGIC = b"KILNOBJ1"
+_MAGIC = b"KILNOBJ2"  # 2: with an HMAC tag
 _MEMORY_LIMIT = 256
 
 
@@ -74,7 +83,7 @@ class KernelCache:
         self._memory: OrderedDict[str, Module] = OrderedDict()
         self._limit = limit
         self._lock = threading.Lock()
-        self.hits = self.misses = self.disk_hits = self.corrupt = 0
+        self.hits = self.misses = self.disk_hits = self.corrupt = self.untrusted = 0
 
     # -- memory ------------------------------------------------------------------------
 
@@ -112,14 +121,18 @@ class KernelCache:
         A corrupt or truncated file is deleted.
         """
         path = self.path(key)
+        if not _private_folders(path.parent, create=False):
+            self.misses += 1
+            return None
         try:
             data = path.read_bytes()
         except OSError:
             self.misses += 1
             return None
         got = _decode(data, key)
-        if got is None:
+        if isinstance(got, str):
             self.corrupt += 1
+            self.untrusted += got == "untrusted"
             self.misses += 1
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -128,10 +141,19 @@ class KernelCache:
         return got
 
     def store(self, key: str, obj: bytes, symbols: list[str]) -> None:
-        """Writes the object code of `key` atomically; an unwritable folder only skips the store."""
+        """Writes the object code of `key` atomically; an unwritable folder only skips the store.
+
+        Raises:
+            TrustSetupError: when the cache folder is another user's or writable by others.
+        """
         path = self.path(key)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _private_folders(path.parent, create=True)
+        except OSError as exc:
+            if isinstance(exc, trust.TrustSetupError):
+                raise
+            return
+        try:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".kobj")
             try:
                 with os.fdopen(fd, "wb") as fh:
@@ -144,31 +166,62 @@ class KernelCache:
             pass
 
 
+def _private_folders(folder: Path, create: bool) -> bool:
+    """Checks (with `create`, first makes, mode 0700) the cache folder and `folder` inside it; False
+    when they do not exist.
+
+    Raises:
+        TrustSetupError: for a folder owned by another user or writable by others.
+    """
+    for d in dict.fromkeys((directory(), folder)):
+        if create:
+            trust.make_private_folder(d, "kiln cache folder")
+        elif not d.is_dir():
+            return False
+        else:
+            trust.check_private_folder(d, "kiln cache folder")
+    return True
+
+
+def _signed(key: str, symbols: list[str], obj: bytes) -> bytes:
+    """What an entry's tag covers: the key (so an entry cannot be moved to another key), the
+    (informational) symbols and the code."""
+    return b"\0".join((_MAGIC, key.encode(), json.dumps(symbols).encode(), obj))
+
+
 def _encode(key: str, obj: bytes, symbols: list[str]) -> bytes:
     header = json.dumps({"key": key, "length": len(obj), "sha256": hashlib.sha256(obj).hexdigest(),
-                         "symbols": symbols}).encode()
+                         "symbols": symbols, "hmac": trust.sign(_signed(key, symbols, obj)).hex()}).encode()
     return _MAGIC + struct.pack("<Q", len(header)) + header + obj
 
 
-def _decode(data: bytes, key: str) -> tuple[bytes, list[str]] | None:
+def _decode(data: bytes, key: str) -> tuple[bytes, list[str]] | str:
+    """(object code, symbols) of a cache file, or why it is refused: "corrupt" or "untrusted"."""
     if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 8:
-        return None
+        return "corrupt"
     (hlen,) = struct.unpack_from("<Q", data, len(_MAGIC))
     start = len(_MAGIC) + 8
     if hlen > len(data) - start:
-        return None
+        return "corrupt"
     try:
         header = json.loads(data[start:start + hlen])
     except ValueError:
-        return None
+        return "corrupt"
     obj = data[start + hlen:]
     if not isinstance(header, dict) or header.get("key") != key or header.get("length") != len(obj):
-        return None
+        return "corrupt"
     if header.get("sha256") != hashlib.sha256(obj).hexdigest():
-        return None
+        return "corrupt"
     symbols = header.get("symbols")
     if not isinstance(symbols, list) or not all(isinstance(s, str) for s in symbols):
-        return None
+        return "corrupt"
+    tag = header.get("hmac")
+    try:
+        tag_bytes = bytes.fromhex(tag) if isinstance(tag, str) else b""
+    except ValueError:
+        tag_bytes = b""
+    if not trust.verify(_signed(key, symbols, obj), tag_bytes):
+        return "untrusted"
     return obj, symbols
 
 

@@ -21,8 +21,11 @@ Compiled code is cached in memory and on disk, under the cache folder of the
 llvm kernels (`$KILN_CACHE_DIR`, default `~/.cache/kiln`; `KILN_CACHE=0`
 turns it off), keyed by the sha256 of the source, the options (include paths
 and the fallback header included), the arch, the output kind, NVRTC's version
-and kiln's. Files carry a checksum (`kiln.codegen.cache`): a corrupt one is
-deleted and the code recompiled, never loaded.
+and kiln's. Files are the llvm cache's (`kiln.codegen.cache`): a checksum and
+an HMAC-SHA256 tag under the user's secret key, so a corrupt file, or one this
+user's kiln did not write (a planted CUBIN with a recomputed checksum), is
+deleted and the code recompiled, never loaded; the folder must be the user's
+own and not writable by others (`TrustSetupError` otherwise).
 """
 
 from __future__ import annotations
