@@ -73,6 +73,126 @@ def test_casts_to_and_from_float16_round_like_numpy(src, dst):
     np.testing.assert_array_equal(out, a.astype(src).astype(dst))
 
 
+# Targets for every float16 path: the host (F16C where it has it), x86-64 and x86-64-v2 (no
+# F16C: LLVM would call compiler-rt's __truncdfhf2 / __truncsfhf2 / __extendhfsf2, which no
+# library defines), and x86-64 with F16C named explicitly.
+_HALF_TARGETS = ["llvm", "llvm -mcpu=x86-64", "llvm -mcpu=x86-64-v2", "llvm -mcpu=x86-64 -mattr=+avx,+f16c"]
+
+
+def _cast_kernel(src: str, dst: str, target: str, kind: tir.ForKind):
+    n = tir.Var("n")
+    a, out = tir.buffer("A", (n,), src), tir.buffer("B", (n,), dst)
+    i = tir.Var("i")
+    body = tir.for_range(i, n, tir.BufferStore(out, tir.cast(dst, a.load(i)), (i,)), kind)
+    return kiln.build(tir.PrimFunc("cast16", [a, out], body), target=target)
+
+
+def _bits(dtype: str, values: list[int]) -> np.ndarray:
+    unsigned = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}[dtype]
+    return np.array(values, unsigned).view(dtype)
+
+
+def _half_inputs(src: str) -> np.ndarray:
+    """Special values (ties, both sides of the denormal and overflow edges, NaN, inf, -0) and random ones."""
+    rng = np.random.default_rng(13)
+    if src == "float16":  # every half
+        return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    if np.dtype(src).kind in "iub":
+        special = [0, 1, -1, 2047, 2049, 4097, 65504, 65505, 65519, 65520, 65535, -65520, -65519, 2**24 + 1]
+        info = np.iinfo(src) if src != "bool" else None
+        if info is None:
+            return np.array([0, 1, 1, 0], np.bool_)
+        vals = np.array([v for v in special if info.min <= v <= info.max], np.int64)
+        rand = rng.integers(max(info.min, -70000), min(info.max, 70000), 4000, endpoint=True)
+        return np.concatenate([vals, rand]).astype(src)
+    f = np.dtype(src).type
+    ulp = np.float64(2.0**-11)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, 1 + ulp, 1 + 3 * ulp, 1 + ulp + 2.0**-40,
+               1 + ulp - 2.0**-40, 1 + ulp + 2.0**-25, 65504.0, 65519.99, 65520.0, 65536.0, 1e10, 1e300, -1e300,
+               2.0**-14, 2.0**-14 - 2.0**-25, 2.0**-15, 2.0**-24, 2.0**-25, 2.0**-25 + 2.0**-50, 3 * 2.0**-25,
+               2.0**-26, 1e-30, 5e-324, 1.1754944e-38, 6.1e-5, 6.103e-5, 0.1, 1 / 3, 2049.0, 2051.0, 4095.5]
+    with np.errstate(over="ignore"):
+        vals = np.array(special, np.float64).astype(src)
+    width = {"float32": np.uint32, "float64": np.uint64}[src]
+    info = np.iinfo(width)
+    random_bits = rng.integers(0, info.max, 20000, dtype=width, endpoint=True).view(src)
+    # magnitudes around float16's range: exponents from 2**-30 to 2**17, random mantissas
+    around = rng.uniform(-1, 1, 20000) * np.exp2(rng.integers(-30, 17, 20000))
+    # exact ties of float16's rounding: a half's mantissa plus half an ulp, from the normal and denormal range
+    ties = (np.arange(2048, 4096, dtype=np.float64) + 0.5) * np.exp2(rng.integers(-25, 5, 2048))
+    with np.errstate(over="ignore"):
+        ours = [vals, random_bits, around.astype(src), ties.astype(src), -ties.astype(src)]
+    return np.concatenate([v.astype(f) for v in ours])
+
+
+def _assert_same_bits(got: np.ndarray, want: np.ndarray, inputs: np.ndarray) -> None:
+    """Bit-exact, except that a NaN only has to be a NaN of the same sign (payloads differ by CPU)."""
+    if np.dtype(want.dtype).kind != "f":
+        np.testing.assert_array_equal(got, want)
+        return
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
+    width = {2: np.uint16, 4: np.uint32, 8: np.uint64}[want.dtype.itemsize]
+    bad = np.flatnonzero((got.view(width) != want.view(width)) & ~nan)
+    assert bad.size == 0, [(inputs[k], got[k], want[k]) for k in bad[:5]]
+
+
+@pytest.mark.parametrize("target", _HALF_TARGETS)
+@pytest.mark.parametrize("kind", [tir.ForKind.SERIAL, tir.ForKind.VECTORIZED])
+@pytest.mark.parametrize(("src", "dst"), [("float64", "float16"), ("float32", "float16"), ("float16", "float32"),
+                                          ("float16", "float64"), ("int32", "float16"), ("int64", "float16"),
+                                          ("uint8", "float16"), ("int8", "float16"), ("bool", "float16")])
+def test_float16_conversions_are_bit_exact_with_numpy_on_every_x86_cpu(target, kind, src, dst):
+    m = _cast_kernel(src, dst, target, kind)
+    assert "__truncdfhf2" not in m.get_source("asm") and "__extendhfsf2" not in m.get_source("asm")
+    a = _half_inputs(src)
+    out = np.zeros(a.shape, dst)
+    m(a, out)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = a.astype(dst)
+    _assert_same_bits(out, want, a)
+
+
+@pytest.mark.parametrize("target", _HALF_TARGETS)
+def test_float16_loads_and_stores_round_once_on_every_x86_cpu(target):
+    """float16 in memory: widened exactly on load, rounded to nearest even on store, with F16C or without."""
+    n = tir.Var("n")
+    a, b, out = tir.buffer("A", (n,), "float16"), tir.buffer("B", (n,), "float32"), tir.buffer("C", (n,), "float16")
+    i = tir.Var("i")
+    value = tir.cast("float16", tir.cast("float32", a.load(i)) * b.load(i))
+    body = tir.for_range(i, n, tir.BufferStore(out, value, (i,)), tir.ForKind.VECTORIZED)
+    m = kiln.build(tir.PrimFunc("half_io", [a, b, out], body), target=target)
+    x = _half_inputs("float16")
+    y = np.random.default_rng(3).uniform(-4, 4, x.size).astype(np.float32)
+    got = np.zeros_like(x)
+    m(x, y, got)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = (x.astype(np.float32) * y).astype(np.float16)
+    _assert_same_bits(got, want, x)
+
+
+def test_relay_cast_float64_to_float16_with_nan_and_inf_on_baseline_x86():
+    from kiln import relay
+
+    x = relay.var("x", shape=(16,), dtype="float64")
+    lib = relay.build(relay.Function([x], relay.cast(x, "float16")), target="llvm -mcpu=x86-64")
+    a = np.array([np.nan, np.inf, -np.inf, 1e10, -65520, 65519.9, 1e-8, 3e-8, 0.1, -0.0, 1 + 2.0**-11 + 2.0**-40,
+                  2.0**-24, 5e-324, 4095.5, 1.0, -2.5])
+    got = np.asarray(lib.create_executor()(x=a))
+    with np.errstate(over="ignore"):
+        _assert_same_bits(got, a.astype(np.float16), a)
+
+
+def test_float16_constants_hold_float16_values():
+    m = elementwise("half_const", "float16", "float32", lambda a: tir.cast("float32", a * tir.FloatImm("float16", 0.1)),
+                    nargs=1)
+    a = np.ones(8, np.float16)
+    out = np.zeros(8, np.float32)
+    m(a, out)
+    np.testing.assert_array_equal(out, np.float32(np.float16(0.1)))
+
+
 def test_bool_logic_matches_numpy():
     m = elementwise("logic", "bool", "bool", lambda a, b: tir.logical_not(tir.binary(tir.And, a, b)))
     a, b = _rand("bool", seed=1), _rand("bool", seed=2)

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 import llvmlite.ir as ir
+import numpy as np
 
 from kiln.codegen import jit, llvm_math
 from kiln.target import Target
@@ -91,9 +92,11 @@ PTR = ir.PointerType()
 F16 = ir.HalfType()
 
 # dtype -> (register type, memory type, bits in memory). float16 is a storage type: its values
-# are float registers, widened on load and rounded to half precision on store and on casts.
+# are float registers, widened on load and rounded to half precision on store and on casts. In
+# memory it is i16, converted by kiln's own code (llvm_math), or by F16C's instructions where
+# the target has them: LLVM's `half` conversions would call runtime functions no library defines.
 _TYPES: dict[str, tuple[ir.Type, ir.Type, int]] = {
-    "float16": (llvm_math.F32, F16, 16),
+    "float16": (llvm_math.F32, llvm_math.I16, 16),
     "float32": (llvm_math.F32, llvm_math.F32, 32),
     "float64": (llvm_math.F64, llvm_math.F64, 64),
     "int8": (I8, I8, 8),
@@ -185,6 +188,7 @@ class CodeGenLLVM:
             self.vector_bits = 256
         else:
             self.vector_bits = 128
+        self.f16c = jit.has_feature(target, "f16c")
         self.num_threads = int(target.get("num-cores", 1))
         self.module = ir.Module()
         self.f: _Func
@@ -253,7 +257,7 @@ class CodeGenLLVM:
             if s.buffer.dtype == "bool":
                 value = b.zext(value, I8)
             elif s.buffer.dtype == "float16":
-                value = b.fptrunc(value, F16)
+                value = self._half_bits(value)
             ptr = self._address(s.buffer, s.indices[0])
             b.store(value, ptr, align=_TYPES[s.buffer.dtype][2] // 8)
         elif isinstance(s, For):
@@ -486,6 +490,9 @@ class CodeGenLLVM:
             return ir.Constant(_reg(e.dtype), int(e.value) & ((1 << _reg(e.dtype).width) - 1)
                                if e.dtype == "uint8" else int(e.value))
         if isinstance(e, FloatImm):
+            if e.dtype == "float16":  # a float16 constant holds a float16 value, like numpy's
+                with np.errstate(over="ignore"):
+                    return ir.Constant(llvm_math.F32, float(np.float16(e.value)))
             return ir.Constant(_reg(e.dtype), e.value)
         if isinstance(e, Var):
             v = self.f.vars.get(id(e))
@@ -496,7 +503,7 @@ class CodeGenLLVM:
             ptr = self._address(e.buffer, e.indices[0])
             v = b.load(ptr, typ=_mem(e.dtype), align=_TYPES[e.dtype][2] // 8)
             if e.dtype == "float16":
-                return b.fpext(v, llvm_math.F32)
+                return self._half_to_float(v)
             return b.icmp_unsigned("!=", v, I8(0)) if e.dtype == "bool" else v
         if isinstance(e, BinaryOp):
             return self._binary(e)
@@ -623,18 +630,30 @@ class CodeGenLLVM:
     def _int_resize(self, v: ir.Value, src: str, dst: str) -> ir.Value:
         return self._cast(v, src, dst)
 
+    def _half_bits(self, v: ir.Value) -> ir.Value:
+        """The float16 bits (i16) of float32/float64 `v`, rounded to nearest even."""
+        b = self.f.builder
+        if self.f16c and v.type == llvm_math.F32:  # vcvtps2ph; double -> half has no F16C instruction
+            return b.bitcast(b.fptrunc(v, F16), llvm_math.I16)
+        return llvm_math.float_to_half_bits(b, v)
+
+    def _half_to_float(self, h: ir.Value) -> ir.Value:
+        """The float32 value of float16 bits `h` (exact)."""
+        b = self.f.builder
+        if self.f16c:  # vcvtph2ps
+            return b.fpext(b.bitcast(h, F16), llvm_math.F32)
+        return llvm_math.half_bits_to_float(b, h)
+
     def _cast(self, v: ir.Value, src: str, dst: str) -> ir.Value:
         b = self.f.builder
         if src == dst:
             return v
         if dst == "float16":  # round to half precision, held in a float register
-            if is_float(src):
-                half = b.fptrunc(v, F16)
-            elif src == "bool":
-                half = b.uitofp(v, F16)
-            else:
-                half = b.sitofp(v, F16) if _signed(src) else b.uitofp(v, F16)
-            return b.fpext(half, llvm_math.F32)
+            if not is_float(src):
+                # Exact below 2**24; from there on float32 and float16 both overflow to inf,
+                # so rounding through float32 is rounding once.
+                v = b.uitofp(v, llvm_math.F32) if src == "bool" or not _signed(src) else b.sitofp(v, llvm_math.F32)
+            return self._half_to_float(self._half_bits(v))
         if src == "float16":
             src = "float32"
             if dst == src:

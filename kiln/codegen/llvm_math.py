@@ -211,3 +211,70 @@ def emit_float_call(b: ir.IRBuilder, name: str, args: Sequence[ir.Value]) -> ir.
         e = intrinsic(b, "exp", F64, [b.fneg(args[0])])
         return b.fdiv(ir.Constant(F64, 1.0), b.fadd(ir.Constant(F64, 1.0), e))
     return intrinsic(b, _LIBM_F64[name], F64, args[:1])
+
+
+# -- float16 conversions -------------------------------------------------------------------
+#
+# LLVM lowers `fptrunc double to half` to a call of `__truncdfhf2` on every x86 CPU without
+# AVX512-FP16, and float <-> half to `__truncsfhf2` / `__extendhfsf2` without F16C: compiler-rt
+# functions that no library in the process defines, so MCJIT would call address 0. Kiln emits
+# these conversions itself as integer code (which vectorizes) and never calls a runtime
+# function. double -> half rounds once, from the double: going through float first would round
+# twice and differ from numpy on ties (e.g. 1 + 2**-11 + 2**-40).
+
+I16 = ir.IntType(16)
+I64 = ir.IntType(64)
+
+
+def _ic(ty: ir.Type, value: int) -> ir.Constant:
+    return ir.Constant(ty, value)
+
+
+def float_to_half_bits(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """The IEEE half-precision bits (i16) of float32 or float64 `v`, rounded to nearest even.
+
+    Overflow gives +-inf (from 65520 up, as in IEEE and numpy), tiny values give half denormals
+    or a signed zero, and a NaN gives a quiet NaN of the same sign that keeps the top payload
+    bits (what F16C's vcvtps2ph does).
+    """
+    mant, ity, f = (23, I32, F32) if v.type == F32 else (52, I64, F64)
+    width, shift = ity.width, mant - 10
+    bias = (1 << (width - mant - 2)) - 1
+    bits = b.bitcast(v, ity)
+    sign = b.and_(b.trunc(b.lshr(bits, _ic(ity, width - 16)), I16), _ic(I16, 0x8000))
+    mag = b.and_(bits, _ic(ity, (1 << (width - 1)) - 1))
+    exp_all = ((1 << (width - mant - 1)) - 1) << mant
+    top = b.trunc(b.lshr(mag, _ic(ity, shift)), I16)  # exponent and the 10 top mantissa bits
+    nan = b.or_(b.and_(top, _ic(I16, 0x3FF)), _ic(I16, 0x7E00))
+    # Normal halves: add just under half an ulp plus the kept lowest bit, then truncate (ties to even).
+    lsb = b.and_(b.lshr(mag, _ic(ity, shift)), _ic(ity, 1))
+    rounded = b.add(b.add(mag, _ic(ity, (1 << (shift - 1)) - 1)), lsb)
+    normal = b.sub(b.trunc(b.lshr(rounded, _ic(ity, shift)), I16), _ic(I16, (bias - 15) << 10))
+    # Denormal halves: adding 2**(mant-24), whose ulp is the half denormal's 2**-24, rounds the
+    # magnitude to nearest even in the FPU; the mantissa bits of the sum are the half's bits.
+    # (A plain fadd: no fast-math flag may reassociate it away.)
+    magic = float(2.0 ** (mant - 24))
+    magic_bits = (bias + mant - 24) << mant
+    denormal = b.trunc(b.sub(b.bitcast(b.fadd(b.bitcast(mag, f), ir.Constant(f, magic)), ity),
+                             _ic(ity, magic_bits)), I16)
+    overflow_bits = (bias + 15) << mant | (0x7FF << (mant - 11))  # 65520.0: the first value that rounds to inf
+    min_normal_bits = (bias - 14) << mant
+    out = b.select(b.icmp_unsigned(">=", mag, _ic(ity, min_normal_bits)), normal, denormal)
+    out = b.select(b.icmp_unsigned(">=", mag, _ic(ity, overflow_bits)), _ic(I16, 0x7C00), out)
+    out = b.select(b.icmp_unsigned(">", mag, _ic(ity, exp_all)), nan, out)
+    return b.or_(out, sign)
+
+
+def half_bits_to_float(b: ir.IRBuilder, h: ir.Value) -> ir.Value:
+    """The float32 value of IEEE half-precision bits `h` (i16): exact, denormals, inf and NaN included."""
+    wide = b.zext(h, I32)
+    sign = b.shl(b.and_(wide, _ic(I32, 0x8000)), _ic(I32, 16))
+    shifted = b.shl(b.and_(wide, _ic(I32, 0x7FFF)), _ic(I32, 13))
+    exp = b.and_(shifted, _ic(I32, 0x0F800000))
+    normal = b.add(shifted, _ic(I32, (127 - 15) << 23))  # rebias the exponent
+    special = b.add(normal, _ic(I32, (128 - 16) << 23))  # inf / NaN: exponent all ones
+    # Denormal halves: read the mantissa as 2**-14 * (1 + m/1024) and subtract 2**-14 (exact).
+    denormal = b.bitcast(b.fsub(b.bitcast(b.add(normal, _ic(I32, 1 << 23)), F32), ir.Constant(F32, 2.0**-14)), I32)
+    out = b.select(b.icmp_unsigned("==", exp, _ic(I32, 0)), denormal, normal)
+    out = b.select(b.icmp_unsigned("==", exp, _ic(I32, 0x0F800000)), special, out)
+    return b.bitcast(b.or_(out, sign), F32)
