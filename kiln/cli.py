@@ -395,7 +395,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
     from kiln import runtime
 
     try:
-        lib = runtime.load(args.library)
+        lib = runtime.load(args.library, trust=args.trust)
     except OSError as err:
         raise CliError(f"cannot read the library: {_os_message(err)}") from None
     inputs = _read_inputs(args.input)
@@ -520,6 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
                      help="an input (repeat for several), or FILE.npz of inputs by name")
     run.add_argument("--output", "-o", metavar="OUT.npy|OUT.npz", help="where to save the outputs (see below)")
+    run.add_argument("--trust", action="store_true",
+                     help="run a library that your kiln did not write (its code runs with your rights; "
+                          "its structure is still checked): see SECURITY.md")
 
     _add(sub, "demo", _cmd_demo, "the main job that `make demo` runs: build, check and time an MLP and a CNN")
     return parser

@@ -148,10 +148,8 @@ class KernelCache:
         """
         path = self.path(key)
         try:
-            _private_folders(path.parent, create=True)
-        except OSError as exc:
-            if isinstance(exc, trust.TrustSetupError):
-                raise
+            _private_folders(path.parent, create=True)  # TrustSetupError is no OSError: it goes up
+        except OSError:
             return
         try:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".kobj")

@@ -35,11 +35,11 @@ KEY_BYTES = 32
 TAG_BYTES = 32  # HMAC-SHA256
 
 
-class TrustSetupError(KilnError, PermissionError):
-    """The secret key file or a folder of code is unsafe (wrong owner or permissions) or unusable."""
+class TrustSetupError(KilnError, RuntimeError):
+    """The secret key file or a folder of code is unsafe (wrong owner or permissions) or unusable.
 
-    def __str__(self) -> str:  # PermissionError (an OSError) would otherwise format its args
-        return str(self.args[0]) if self.args else ""
+    Not an OSError on purpose: code that skips an unwritable cache (`except OSError`) must not skip this.
+    """
 
 
 def secret_path() -> Path:
