@@ -3,19 +3,58 @@
 Outputs get fresh arrays on every run, so a later run never overwrites what
 an earlier one returned. The graph, the library and its file format live in
 `kiln.runtime.library`.
+
+What the executor guarantees before native code runs:
+- every input a kernel sees is a C-contiguous, aligned, writeable array of the
+  input's dtype and shape (anything else is copied, or refused naming the input);
+- every tensor of the graph has at most `MAX_ELEMENTS` elements, the most the
+  kernels' int32 loop variables index;
+- the intermediates and outputs fit in the memory of the machine (or the GPU),
+  checked with Python ints before anything is allocated.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from kiln.runtime.library import ExecutorError, Library
-from kiln.runtime.module import numpy_dtype
+from kiln.runtime.library import ExecutorError, Library, Slot
+from kiln.runtime.module import KernelMemoryError, numpy_dtype
 
 _ALIGN = 64
+
+MAX_ELEMENTS = 2**31 - 1
+"""The most elements a tensor may have: kernels index with int32 loop variables (te.lower's IterVars)."""
+
+_Entry = tuple[Callable[..., int], tuple[int, ...], list[int], tuple[int, ...] | None]
+
+
+def host_memory_bytes() -> int | None:
+    """The physical memory of this machine in bytes, or None where the OS does not say."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes in the largest binary unit that keeps it at least 1 ("1.5 GiB", "12 bytes")."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
+
+
+def slot_bytes(slot: Slot) -> int:
+    """The bytes of `slot`, in Python ints (np.prod would wrap around in int64 for huge shapes)."""
+    return math.prod(slot.shape) * numpy_dtype(slot.dtype).itemsize
 
 
 class _Host:
@@ -32,12 +71,22 @@ class _Host:
         return np.empty(shape, dtype)
 
     @staticmethod
-    def put(arr: np.ndarray) -> Any:
-        return np.array(arr, copy=True)  # writeable, as kernel arguments must be
+    def fits(arr: Any) -> bool:
+        return bool(arr.flags.c_contiguous and arr.flags.aligned and arr.flags.writeable)
+
+    @staticmethod
+    def put(arr: Any) -> Any:
+        # a fresh C-ordered copy: np.array's default order "K" would keep a Fortran array Fortran,
+        # and kernels index row-major
+        return np.array(arr, order="C", copy=True)
 
     @staticmethod
     def overlaps(a: Any, b: Any) -> bool:
         return bool(np.may_share_memory(a, b))
+
+    @staticmethod
+    def capacity() -> int | None:
+        return host_memory_bytes()
 
 
 class _Device:
@@ -55,11 +104,32 @@ class _Device:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         return self.cupy.empty(shape, dtype=dtype)
 
-    def put(self, arr: np.ndarray) -> Any:
-        return self.cupy.asarray(arr)
+    def fits(self, arr: Any) -> bool:
+        # device memory is always writeable and cupy allocations are aligned; host arrays go through put
+        return isinstance(arr, self.ndarray) and bool(arr.flags.c_contiguous)
+
+    def put(self, arr: Any) -> Any:
+        if isinstance(arr, self.ndarray):
+            return arr.copy()  # cupy's copy is C-ordered by default
+        # cupy.asarray keeps a Fortran array's order: make the host copy row-major first
+        return self.cupy.asarray(np.ascontiguousarray(arr))
 
     def overlaps(self, a: Any, b: Any) -> bool:
         return bool(self.cupy.may_share_memory(a, b))
+
+    def capacity(self) -> int | None:
+        try:
+            return int(self.cupy.cuda.Device().mem_info[1])
+        except (AttributeError, RuntimeError):  # no mem_info (a stand-in) or no device to ask
+            return None
+
+
+class _ThreadState(threading.local):
+    """What one thread bound and got: its inputs (slot -> array) and the outputs of its last run."""
+
+    def __init__(self) -> None:
+        self.bound: dict[int, Any] = {}
+        self.outputs: list[Any] = []
 
 
 class GraphExecutor:
@@ -69,26 +139,46 @@ class GraphExecutor:
     be numpy or cupy arrays (numpy ones are copied to the device), the
     intermediates live in device buffers, and outputs are cupy arrays
     (`.get()` copies one to numpy).
+
+    Threads: one executor may be shared. Inputs bound by `set_input` and the
+    outputs of `run` are per thread, and runs take turns on the executor's
+    intermediate buffers (a lock), so shared use is correct but serial. To run
+    in parallel, create one executor per thread (`lib.create_executor()`): they
+    share the compiled kernels, not the buffers.
     """
 
     def __init__(self, lib: Library) -> None:
+        """Checks the graph's sizes against the kernels and the machine, then allocates its buffers.
+
+        Raises:
+            ExecutorError: for a tensor with more elements than the kernels index, or a bad storage plan.
+            KernelMemoryError: when the intermediates and outputs cannot fit in memory.
+        """
         self.lib = lib
         g = lib.graph
         self._xp: Any = _Device() if lib.target.kind.name == "cuda" else _Host()
-        self._buffers = [self._xp.buffer(n) for n in g.storage_sizes]
+        self._check_sizes()
+        self._buffers = [self._allocate(partial(self._xp.buffer, n), n, partial(self._describe_buffer, b))
+                         for b, n in enumerate(g.storage_sizes)]
         self._values: list[Any] = [None] * len(g.slots)
         for s, arr in g.constants.items():
             self._values[s] = self._xp.put(arr)
         for s, slot in enumerate(g.slots):
             if slot.kind == "temp":
-                buf = self._buffers[slot.storage]
-                self._values[s] = buf[: slot.nbytes].view(numpy_dtype(slot.dtype)).reshape(slot.shape)
+                dtype = numpy_dtype(slot.dtype)
+                if slot.storage < 0:  # a value no launch writes (it is empty): a zero-size array of its own
+                    self._values[s] = self._xp.empty(slot.shape, dtype)
+                else:
+                    buf = self._buffers[slot.storage]
+                    self._values[s] = buf[: slot_bytes(slot)].view(dtype).reshape(slot.shape)
         self._names = {g.slots[s].name: s for s in g.inputs}
-        self._outputs: list[np.ndarray] = []
+        self._state = _ThreadState()
+        # Runs share the intermediate buffers and build the fast path below: one run at a time.
+        self._lock = threading.Lock()
         # The llvm fast path: after one checked run, launches call the native entry on data pointers.
         # Inputs are checked by set_input, outputs are allocated here and intermediates are planned,
         # so the per-call checks (about 6 us a launch) would only repeat what is known.
-        self._entries: list[tuple[Callable[..., int], tuple[int, ...], list[int], tuple[int, ...] | None]] | None = None
+        self._entries: list[_Entry] | None = None
         self._pointers: list[int] = []
 
     @property
@@ -107,56 +197,77 @@ class GraphExecutor:
         return self.lib.planned_bytes
 
     def set_input(self, name: str, value: Any) -> None:
-        """Binds input `name`; checked against its dtype and shape.
+        """Binds input `name` for this thread's runs; checked against its dtype and shape.
+
+        Arrays must have the input's dtype. Lists and Python numbers are converted to
+        it when every value survives the conversion (integers in range, floats finite).
 
         Raises:
-            ExecutorError: for an unknown name, or an array of another dtype or shape.
+            ExecutorError: for an unknown name, or a value of another dtype or shape.
         """
+        s, arr = self._prepare(name, value)
+        self._state.bound[s] = arr
+
+    def _prepare(self, name: str, value: Any) -> tuple[int, Any]:
+        """The slot of input `name` and `value` as an array a kernel can take (a copy where needed)."""
         s = self._names.get(name)
         if s is None:
             raise ExecutorError(f"model has no input {name!r}; its inputs are {self.input_names}")
         slot = self.lib.graph.slots[s]
-        arr = value if isinstance(value, self._xp.ndarray) else np.asarray(value)
-        if arr.dtype != numpy_dtype(slot.dtype):
+        want = numpy_dtype(slot.dtype)
+        arr = value if isinstance(value, self._xp.ndarray) else _as_array(name, value, want)
+        if arr.dtype != want:
             raise ExecutorError(f"input {name!r}: expected dtype {slot.dtype}, got {arr.dtype}")
         if arr.shape != slot.shape:
             raise ExecutorError(f"input {name!r}: expected shape {slot.shape}, got {arr.shape}")
-        # cupy arrays have no writeable or aligned flags
-        unfit = isinstance(arr, np.ndarray) and not (arr.flags.writeable and arr.flags.aligned)
-        if not isinstance(arr, self._xp.ndarray) or not arr.flags.c_contiguous or unfit:
-            arr = self._xp.put(arr)
-        self._values[s] = arr
+        if not self._xp.fits(arr):
+            arr = self._allocate(lambda: self._xp.put(arr), slot_bytes(slot), lambda: f"input {name!r} (a copy)")
+        return s, arr
 
     def run(self, **inputs: Any) -> None:
-        """Runs every launch in order (after binding `inputs`, if given)."""
-        for name, value in inputs.items():
-            self.set_input(name, value)
+        """Runs every launch in order (after binding `inputs`, if given), in this thread.
+
+        Raises:
+            ExecutorError: for missing inputs or inputs that do not fit (see `set_input`).
+            KernelMemoryError: when an output or a kernel's temporary cannot be allocated.
+        """
+        prepared = dict(self._prepare(name, value) for name, value in inputs.items())
+        state = self._state
+        state.bound.update(prepared)  # only once every input given here is accepted
         g = self.lib.graph
-        missing = [g.slots[s].name for s in g.inputs if self._values[s] is None]
+        missing = [g.slots[s].name for s in g.inputs if s not in state.bound]
         if missing:
             raise ExecutorError(f"inputs not set: {missing}; set them with set_input(name, array)")
         values = list(self._values)
+        for s in g.inputs:
+            values[s] = state.bound[s]
         # inputs that overlap (the same array given for two inputs) go as copies: kernel pointers are noalias
         for n, s in enumerate(g.inputs):
             if any(self._xp.overlaps(values[s], values[t]) for t in g.inputs[:n]):
                 values[s] = values[s].copy()
         fresh: dict[int, np.ndarray] = {}
-        for s, slot in enumerate(g.slots):
-            if slot.kind == "output":
-                fresh[s] = values[s] = self._xp.empty(slot.shape, numpy_dtype(slot.dtype))
-        if self._entries is not None:
-            self._run_entries(values)
-        else:
-            self._run_checked(values)
+        for k, s in enumerate(g.outputs):
+            slot = g.slots[s]
+            if slot.kind == "output" and s not in fresh:
+                fresh[s] = values[s] = self._allocate(partial(self._xp.empty, slot.shape, numpy_dtype(slot.dtype)),
+                                                      slot_bytes(slot), partial(self._describe_slot, s, k))
+        with self._lock:
+            if self._entries is not None:
+                self._run_entries(values)
+            else:
+                self._run_checked(values)
         # an output that is an input, a constant or another output's value is returned as a copy
         seen: set[int] = set()
         outs = []
-        for s in g.outputs:
+        for k, s in enumerate(g.outputs):
             v = values[s]
             assert v is not None
-            outs.append(v if s in fresh and s not in seen else v.copy())
+            if s in fresh and s not in seen:
+                outs.append(v)
+            else:
+                outs.append(self._allocate(v.copy, slot_bytes(g.slots[s]), partial(self._describe_slot, s, k)))
             seen.add(s)
-        self._outputs = outs
+        state.outputs = outs
 
     def _run_checked(self, values: list[Any]) -> None:
         g = self.lib.graph
@@ -190,21 +301,118 @@ class GraphExecutor:
             if entry(*(args if args is not None else (*[pointers[s] for s in slots], *sizes))):
                 self.lib.kernels[launch.kernel].out_of_memory(sizes)
 
-    def get_output(self, index: int) -> np.ndarray:
-        """Output `index` of the last run."""
-        if not self._outputs:
-            raise ExecutorError("get_output before run()")
-        if not 0 <= index < len(self._outputs):
-            raise ExecutorError(f"output index {index} out of range: the model has {len(self._outputs)}")
-        return self._outputs[index]
+    def get_output(self, index: int) -> Any:
+        """Output `index` of this thread's last run."""
+        outputs = self._state.outputs
+        if not outputs:
+            raise ExecutorError("get_output before run() (outputs are per thread: run in this thread first)")
+        if not 0 <= index < len(outputs):
+            raise ExecutorError(f"output index {index} out of range: the model has {len(outputs)}")
+        return outputs[index]
 
-    def __call__(self, *args: Any, **inputs: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+    def __call__(self, *args: Any, **inputs: Any) -> Any:
         """Runs on inputs given by position or name; returns the output (a tuple for several)."""
         if len(args) > len(self.input_names):
             raise ExecutorError(f"model takes {len(self.input_names)} inputs, got {len(args)} positional")
         named: Mapping[str, Any] = {**dict(zip(self.input_names, args, strict=False)), **inputs}
         self.run(**named)
-        return self._outputs[0] if len(self._outputs) == 1 else tuple(self._outputs)
+        outputs = self._state.outputs
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    # -- sizes and memory -------------------------------------------------------------------------
+    def _check_sizes(self) -> None:
+        """Refuses tensors the kernels cannot index and buffers the machine cannot hold, before allocating."""
+        g = self.lib.graph
+        for s, slot in enumerate(g.slots):
+            elements = math.prod(slot.shape)
+            if elements > MAX_ELEMENTS:
+                raise ExecutorError(f"{self._describe_slot(s)} has shape {slot.shape}: {elements} elements, more "
+                                    f"than the {MAX_ELEMENTS} that kiln's kernels index (int32)")
+            if slot.kind == "temp" and slot.storage >= 0 and (
+                    slot.storage >= len(g.storage_sizes) or g.storage_sizes[slot.storage] < slot_bytes(slot)):
+                raise ExecutorError(f"{self._describe_slot(s)} ({slot_bytes(slot)} bytes) is planned in buffer "
+                                    f"{slot.storage}, which the plan does not make that large")
+        capacity = self._xp.capacity()
+        if capacity is None:
+            return
+        needs: list[tuple[int, Callable[[], str]]] = [
+            (n, partial(self._describe_buffer, b)) for b, n in enumerate(g.storage_sizes)]
+        # every output of a run is a new array (or a copy)
+        needs += [(slot_bytes(g.slots[s]), partial(self._describe_slot, s, k)) for k, s in enumerate(g.outputs)]
+        total = sum(n for n, _ in needs)
+        if needs and total > capacity:
+            n, describe = max(needs, key=lambda x: x[0])
+            raise KernelMemoryError(
+                f"{describe()} needs {format_bytes(n)} ({n} bytes); this model's intermediates and outputs need "
+                f"{format_bytes(total)} in all, more than the {format_bytes(capacity)} of memory of this "
+                f"{'GPU' if isinstance(self._xp, _Device) else 'machine'}")
+
+    @staticmethod
+    def _allocate(make: Callable[[], Any], nbytes: int, describe: Callable[[], str]) -> Any:
+        """`make()`, with a MemoryError (numpy's, or cupy's OutOfMemoryError) as kiln's naming `describe()`."""
+        try:
+            return make()
+        except MemoryError as e:
+            raise KernelMemoryError(f"{describe()}: cannot allocate {format_bytes(nbytes)} ({nbytes} bytes)") from e
+        except Exception as e:  # cupy's OutOfMemoryError does not derive from MemoryError
+            if type(e).__name__ != "OutOfMemoryError":
+                raise
+            raise KernelMemoryError(f"{describe()}: cannot allocate {format_bytes(nbytes)} ({nbytes} bytes) "
+                                    "on the GPU") from e
+
+    def _describe_slot(self, s: int, output: int | None = None) -> str:
+        """How a message names slot `s`: the input's name, the output's index, the op that makes it."""
+        g = self.lib.graph
+        slot = g.slots[s]
+        if output is None and s in g.outputs:
+            output = g.outputs.index(s)
+        made_by = f", made by {slot.name}" if slot.name and slot.kind in ("temp", "output") else ""
+        if output is not None:
+            return f"output {output} ({slot.dtype}{list(slot.shape)}{made_by})"
+        if slot.kind == "input":
+            return f"input {slot.name!r}"
+        if slot.kind == "const":
+            return f"constant {slot.dtype}{list(slot.shape)}"
+        return f"intermediate value {slot.dtype}{list(slot.shape)}{made_by}"
+
+    def _describe_buffer(self, b: int) -> str:
+        """How a message names intermediate buffer `b`: by its largest value."""
+        g = self.lib.graph
+        held = [s for s, slot in enumerate(g.slots) if slot.kind == "temp" and slot.storage == b]
+        if not held:
+            return f"intermediate buffer {b}"
+        largest = max(held, key=lambda s: slot_bytes(g.slots[s]))
+        return f"intermediate buffer {b} (for the {self._describe_slot(largest)})"
+
+
+def _as_array(name: str, value: Any, want: np.dtype[Any]) -> Any:
+    """`value` as a numpy array: arrays (and array-likes) as they are, lists and numbers in dtype `want`.
+
+    A list or Python number has no dtype of its own, so it takes the input's, but
+    only when that loses nothing beyond float rounding: 1.5 is no int32, 300 no
+    uint8, 1e300 no float32.
+    """
+    literal = isinstance(value, (list, tuple, bool, int, float))
+    try:
+        raw = np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise ExecutorError(f"input {name!r}: expected an array of {want}, got {type(value).__name__} "
+                            f"that numpy cannot read as one ({e})") from e
+    if not literal or raw.dtype == want:
+        return raw
+    kind = type(value).__name__
+    if raw.dtype.kind not in "biuf":
+        raise ExecutorError(f"input {name!r}: expected {want} values, got a {kind} of {raw.dtype} "
+                            "(not all numbers, or of different lengths?)")
+    with np.errstate(all="ignore"):
+        conv = raw.astype(want)
+        if want.kind == "f" and raw.dtype.kind in "biuf":
+            lossless = bool(np.array_equal(np.isfinite(conv), np.isfinite(raw)))  # rounding, but no overflow
+        else:
+            lossless = bool(np.all(conv.astype(raw.dtype) == raw))
+    if not lossless:
+        raise ExecutorError(f"input {name!r}: the {kind} holds values that dtype {want} cannot represent")
+    return conv
 
 
 def _aligned(nbytes: int) -> np.ndarray:

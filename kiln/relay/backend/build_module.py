@@ -10,6 +10,7 @@ function to lay out the graph's slots and launches; plan its memory.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ from kiln.relay import expr as rx
 from kiln.relay.backend.te_compiler import CompiledKernel, compile_primitive, field_slice, tensor_types
 from kiln.relay.type_infer import infer_type
 from kiln.relay.visitor import ExprMutator, post_order
+from kiln.runtime.executor import MAX_ELEMENTS
 from kiln.runtime.library import Graph, Launch, Library, Slot
 from kiln.target import Target
 
@@ -108,11 +110,18 @@ class _GraphBuilder:
                         f"--shape {name}=D0,D1,... on the command line)") if kind == "input" else ""
                 raise BuildError(f"relay.build needs static shapes; {name or 'a value'} has type {ty}{hint}")
             shape.append(d)
+        if math.prod(shape) > MAX_ELEMENTS:  # kernels index with int32 loop variables: refuse, not wrap
+            what = f"input {name!r}" if kind == "input" else f"the result of {name}" if name else f"a {kind} value"
+            raise BuildError(f"{what} has type {ty}: "
+                             f"{math.prod(shape)} elements, more than the {MAX_ELEMENTS} that kiln's kernels index")
         self.slots.append(Slot(tuple(shape), str(ty.dtype), kind, name))
         return len(self.slots) - 1
 
-    def _temps(self, ty: Type) -> list[int]:
-        return [self._slot(t, "temp") for t in tensor_types(ty, "relay.build")]
+    def _temps(self, ty: Type, made_by: str) -> list[int]:
+        tys = tensor_types(ty, "relay.build")
+        # named for the ops that make them, so that run-time errors (memory) can say which value they mean
+        names = [made_by] if len(tys) == 1 else [f"{made_by}[{i}]" for i in range(len(tys))]
+        return [self._slot(t, "temp", n) for t, n in zip(tys, names, strict=True)]
 
     def _kernel(self, fn: rx.Function, n: int) -> int:
         kernel = compile_primitive(fn, self.target, name=f"fused_{n}")
@@ -149,7 +158,7 @@ class _GraphBuilder:
             elif isinstance(node, rx.TupleGetItem):
                 env[id(node)] = env[id(node.tuple_value)][field_slice(node)]
             elif isinstance(node, rx.Call):
-                outs = self._temps(node.checked_type)
+                outs = self._temps(node.checked_type, _made_by(node))
                 env[id(node)] = outs
                 done += 1
                 if all(self.slots[s].nbytes == 0 for s in outs):  # empty results: nothing to compute
@@ -173,10 +182,20 @@ class _GraphBuilder:
         outputs = env[id(func.body)]
         for s in outputs:
             if self.slots[s].kind == "temp":
-                self.slots[s] = Slot(self.slots[s].shape, self.slots[s].dtype, "output")
+                self.slots[s] = Slot(self.slots[s].shape, self.slots[s].dtype, "output", self.slots[s].name)
         graph = Graph(self.slots, self.launches, inputs, list(outputs), self.constants)
         graph.plan_memory()
         return graph
+
+
+def _made_by(call: rx.Call) -> str:
+    """The ops a call runs, for messages: "nn.dense", or "nn.dense+nn.bias_add+nn.relu" for a fused one."""
+    if isinstance(call.op, Op):
+        return call.op.name
+    if isinstance(call.op, rx.Function):
+        names = [n.op.name for n in post_order(call.op.body) if isinstance(n, rx.Call) and isinstance(n.op, Op)]
+        return "+".join(dict.fromkeys(names))
+    return ""
 
 
 def _wrap(call: rx.Call) -> rx.Function:
