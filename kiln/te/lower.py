@@ -49,6 +49,7 @@ from kiln.te.schedule import AttachType, Fuse, IterAttr, Schedule, ScheduleError
 from kiln.te.tensor import IterKind, IterVar, PlaceholderOp, Reduce, Tensor, TensorBuffer, children
 from kiln.tir import expr as tx
 from kiln.tir.expr import Buffer, BufferLoad, PrimExpr, Var
+from kiln.tir.share import bind_shared
 from kiln.tir.stmt import Allocate, BufferStore, Evaluate, For, ForKind, IfThenElse, PrimFunc, Stmt, seq
 from kiln.tir.stmt import buffer as tir_buffer
 
@@ -488,7 +489,9 @@ class _Lowering:
             buf = self.info[st].buffer
             if st not in self.arg_stages and buf is not None:
                 body = Allocate(buf, body)
-        return PrimFunc(self.name, self.params, body)
+        # A value several readers share is one node with several parents: bind it once (a let), so
+        # no later walk of the loop IR unfolds the DAG into a tree exponential in its depth.
+        return PrimFunc(self.name, self.params, bind_shared(body))
 
 
 def lower(sch: Schedule, args: Sequence[Tensor], name: str = "main") -> PrimFunc:
