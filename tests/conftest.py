@@ -9,6 +9,13 @@ import pytest
 from kiln import registry
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-long", type=float, default=None, metavar="SECONDS",
+        help="run each fuzzer (Relay graphs, ONNX mutations) for SECONDS instead of its short default budget",
+    )
+
+
 @pytest.fixture(autouse=True)
 def _registry_scope() -> Iterator[None]:
     with registry.scope():
