@@ -231,8 +231,9 @@ ALLOWED_SYMBOLS: frozenset[str] = frozenset(
 _LINKER_SYMBOLS = frozenset(["_GLOBAL_OFFSET_TABLE_"])
 
 
-class DisallowedSymbolError(KilnError, ValueError):
-    """Object code that calls a function kiln's code generator never calls (e.g. `system`)."""
+class DisallowedSymbolError(UnresolvedSymbolError):
+    """Object code that calls a function kiln's code generator never calls (e.g. `system`): a symbol
+    that kiln refuses to resolve for it."""
 
 
 def check_object(obj: bytes, kernel: str) -> objfile.ObjectFile:
