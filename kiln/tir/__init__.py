@@ -1,6 +1,6 @@
 """The loop IR: scalar expressions, statements, `PrimFunc`, its printer and passes."""
 
-from kiln.tir import transform
+from kiln.tir import share, transform
 from kiln.tir.expr import (
     EQ,
     GE,
@@ -126,6 +126,7 @@ __all__ = [
     "simplify_stmt",
     "structural_key",
     "substitute",
+    "share",
     "transform",
     "unroll_loops",
 ]
