@@ -221,3 +221,13 @@ def test_calls_with_empty_results_compile_to_no_kernel(target: str) -> None:
         got_empty, got_sum = lib.create_executor()(x=a)
         assert got_empty.shape == (3, 0) and got_empty.dtype == np.float32
         np.testing.assert_array_equal(got_sum, a + a)
+
+
+def test_a_constant_read_by_a_fused_call_and_returned_by_main_is_an_output() -> None:
+    # the Constant node sits inside the fused function of add and in main's output tuple: relay.build
+    # used to skip every node it found in a fused body, main's own included (KeyError)
+    x = relay.var("x", shape=(2,))
+    c = relay.const(np.array([0.5, 2.0], "float32"))
+    got = build(relay.Function([x], relay.Tuple([relay.add(x, c), c]))).create_executor()(x=np.ones(2, "float32"))
+    np.testing.assert_array_equal(got[0], [1.5, 3.0])
+    np.testing.assert_array_equal(got[1], [0.5, 2.0])

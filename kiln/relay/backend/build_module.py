@@ -139,9 +139,9 @@ class _GraphBuilder:
                 raise BuildError(f"input {p.name_hint!r} has type {p.checked_type}; inputs must be tensors")
             env[id(p)] = [self._slot(p.checked_type, "input", p.name_hint)]
             inputs.append(env[id(p)][0])
-        order = post_order(func.body)
-        inner = {id(x) for fn in order if isinstance(fn, rx.Function) for x in post_order(fn)}  # fused bodies
-        nodes = [n for n in order if id(n) not in inner]
+        # main's own nodes: fused bodies are not walked, but a node they share with main (a constant) is kept
+        order = post_order(func.body, leaf=lambda n: isinstance(n, rx.Function))
+        nodes = [n for n in order if not isinstance(n, rx.Function)]
         calls = sum(isinstance(n, rx.Call) for n in nodes)
         done = 0
         for node in nodes:
