@@ -392,7 +392,8 @@ def _as_array(name: str, value: Any, want: np.dtype[Any]) -> Any:
     only when that loses nothing beyond float rounding: 1.5 is no int32, 300 no
     uint8, 1e300 no float32.
     """
-    literal = isinstance(value, (list, tuple, bool, int, float))
+    # np.float64 is a Python float, but as a numpy scalar its dtype is the caller's choice
+    literal = isinstance(value, (list, tuple, bool, int, float)) and not isinstance(value, np.generic)
     try:
         raw = np.asarray(value)
     except (TypeError, ValueError) as e:
