@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import llvmlite.binding as llvm
 import pytest
@@ -10,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kiln import registry
+from kiln.codegen import jit
 from kiln.errors import RegistryError, TargetError
 from kiln.registry import AttrRegistry
 from kiln.target import (
@@ -146,8 +153,9 @@ def test_tag_equals_the_kind_with_the_same_options() -> None:
         ("", "empty target string; known kinds: llvm, cuda"),
         ("llvm -mcpux=znver4", r"no option -mcpux \(did you mean '-mcpu'\?\); its options: -mcpu, -mattr, -mtriple"),
         ("cuda -arch=sm_90 -max-thread-per-block=4", "did you mean '-max-threads-per-block'"),
-        ("llvm -num-cores=two", r"option -num-cores of target kind llvm expects an integer \(>= 1\), got 'two'"),
-        ("llvm -num-cores=0", r"expects an integer \(>= 1\), got '0'"),
+        ("llvm -num-cores=two", r"option -num-cores of target kind llvm expects an integer \(1 to 1024\), got 'two'"),
+        ("llvm -num-cores=0", r"expects an integer \(1 to 1024\), got '0'"),
+        ("llvm -num-cores=100000", r"expects an integer \(1 to 1024\), got '100000'"),
         ("llvm -opt-level=4", r"expects an integer \(0 to 3\)"),
         ("cuda -arch=90", r"option -arch of target kind cuda expects a string \(sm_XY, e.g. sm_90\), got '90'"),
         ("llvm mcpu=znver4", "malformed target option 'mcpu=znver4'.*-name=value"),
@@ -268,3 +276,88 @@ def test_cuda_without_an_arch_takes_the_machines_gpu_or_stays_open() -> None:
         assert target["arch"] == gpu["arch"]
         assert target["multiprocessor-count"] == gpu["multiprocessor-count"]
     assert Target(str(target)) == target
+
+
+# ---------------------------------------------------------------------------
+# Options LLVM does not know: refused by kiln, never handed to LLVM (which aborts the process)
+# ---------------------------------------------------------------------------
+
+_UNKNOWN_TO_LLVM = [
+    ("llvm -mcpu=foo", r"option -mcpu of target kind llvm: 'foo' is not a CPU that LLVM [\d.]+ knows for x86_64"),
+    ("llvm -mcpu=skylak", r"'skylak' is not a CPU that LLVM [\d.]+ knows .*\(did you mean 'skylake'"),
+    ("llvm -mcpu=i686", r"-mcpu=i686 .*LLVM cannot generate code for it .*64-bit code requested"),
+    ("llvm -mcpu=x86-64 -mattr=-64bit", r"-mattr=-64bit .*LLVM cannot generate code for it"),
+    ("llvm -mcpu=x86-64 -mattr=-sse", r"-mattr=-sse .*LLVM cannot generate code for it .*SSE disabled"),
+    ("llvm -mattr=+foo", r"option -mattr of target kind llvm: 'foo' \(in '\+foo'\) is not a feature that LLVM"),
+    ("llvm -mattr=+avx512fp", r"'avx512fp' \(in '\+avx512fp'\) is not a feature .*did you mean 'avx512f'"),
+    ("llvm -mattr=avx2", r"option -mattr of target kind llvm: feature 'avx2' has no sign: write \+avx2"),
+    ("llvm -mtriple=aarch64-unknown-linux-gnu",
+     r"option -mtriple of target kind llvm: 'aarch64-unknown-linux-gnu' is for 'aarch64', but kiln runs"),
+    ("llvm -mtriple=x86_64-apple-darwin", r"'x86_64-apple-darwin' is for another operating system"),
+]
+
+# Each spec through Target(...) and relay.build(..., target=spec), in a child process: LLVM
+# aborting would end the child (a failed test), not the test runner.
+_CHILD = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from kiln import relay
+    from kiln.errors import KilnError
+    from kiln.target import Target
+    x = relay.var("x", shape=(8,), dtype="float32")
+    fn = relay.Function([x], relay.nn.relu(x))
+    for spec in json.loads(sys.argv[1]):
+        for how in ("Target", "relay.build"):
+            try:
+                Target(spec) if how == "Target" else relay.build(fn, target=spec)
+                print(json.dumps([spec, how, "no error"]), flush=True)
+            except KilnError as exc:
+                print(json.dumps([spec, how, type(exc).__name__ + ": " + str(exc)]), flush=True)
+""")
+
+
+def test_options_llvm_does_not_know_are_kiln_errors_never_an_abort() -> None:
+    specs = [spec for spec, _ in _UNKNOWN_TO_LLVM]
+    done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(specs)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = {(spec, how): text for spec, how, text in map(json.loads, done.stdout.splitlines())}
+    for spec, message in _UNKNOWN_TO_LLVM:
+        for how in ("Target", "relay.build"):
+            assert re.search("TargetError: .*" + message, got[spec, how]), (spec, how, got[spec, how])
+
+
+@pytest.mark.parametrize(("spec", "message"), _UNKNOWN_TO_LLVM)
+def test_options_llvm_does_not_know_say_what_is_wrong(spec: str, message: str) -> None:
+    with pytest.raises(TargetError, match=message):
+        Target(spec)
+
+
+def test_kiln_compile_with_an_unknown_cpu_exits_with_kilns_error(tmp_path: Path) -> None:
+    model = tmp_path / "m.txt"
+    model.write_text('def @main(%x: Tensor[(4,), float32]) {\n  nn.relu(%x)\n}\n')
+    done = subprocess.run([sys.executable, "-m", "kiln", "compile", str(model), "--target", "llvm -mcpu=foo",
+                           "-o", str(tmp_path / "m.kiln")], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith("kiln: error: option -mcpu of target kind llvm: 'foo' is not a CPU that LLVM")
+    assert "Traceback" not in done.stderr and not (tmp_path / "m.kiln").exists()
+
+
+@pytest.mark.parametrize("spec", ["llvm -mcpu=x86-64", "llvm -mcpu=x86-64-v3 -mattr=+avx2,-avx512f",
+                                  "llvm -mcpu=generic", "llvm -mcpu=skylake-avx512",
+                                  "llvm -mtriple=x86_64-pc-linux-gnu"])
+def test_cpus_and_features_llvm_knows_are_accepted(spec: str) -> None:
+    target = Target(spec)
+    assert Target(str(target)) == target
+    jit.create_target_machine(target)  # the same check again, answered from the cache
+
+
+def test_a_parser_that_skips_the_check_still_cannot_hand_llvm_an_unknown_cpu() -> None:
+    def lenient(opts: dict[str, object]) -> dict[str, object]:
+        return {"mtriple": host_cpu().triple, "num-cores": 1, **{k: v for k, v in opts.items() if v is not None}}
+
+    with registry.scope():
+        register_target_kind("llvm").set_attr(FTargetParser, lenient, plevel=30)
+        target = Target("llvm -mcpu=foo")
+    with pytest.raises(TargetError, match="'foo' is not a CPU that LLVM"):
+        jit.create_target_machine(target)

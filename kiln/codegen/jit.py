@@ -28,7 +28,7 @@ import llvmlite.binding as llvm
 
 from kiln.codegen import objfile
 from kiln.errors import KilnError
-from kiln.target import Target
+from kiln.target import Target, llvm_check
 
 
 class CodegenError(KilnError, ValueError):
@@ -114,6 +114,9 @@ def create_target_machine(target: Target) -> Any:
     """
     initialize()
     cpu, features = cpu_and_features(target)
+    # The last gate before LLVM, which aborts the process on a CPU or feature it does not know
+    # (a user's own target parser may skip the llvm kind's check). Cached: one dict look-up.
+    llvm_check.check_llvm_options(cpu, tuple(target.get("mattr") or ()), target_triple(target))
     llvm_target = llvm.Target.from_triple(target_triple(target))
     opt = int(target.get("opt-level", 3))
     return llvm_target.create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic",

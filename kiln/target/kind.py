@@ -23,7 +23,7 @@ from kiln.registry.attr_registry import (
     is_callable,
 )
 from kiln.registry.site import Site
-from kiln.target import detect
+from kiln.target import detect, llvm_check
 
 _TYPES = {"int": "an integer", "str": "a string", "bool": "true or false", "str-list": "a comma-separated list"}
 
@@ -231,7 +231,9 @@ def _parse_llvm(opts: dict[str, Any]) -> dict[str, Any]:
     if opts.get("mtriple") is None:
         opts["mtriple"] = host.triple
     if opts.get("num-cores") is None:
-        opts["num-cores"] = host.num_cores
+        opts["num-cores"] = min(host.num_cores, _MAX_CORES)
+    # LLVM aborts the process on a CPU or feature it does not know: check them out of process first.
+    llvm_check.check_llvm_options(opts["mcpu"], tuple(opts.get("mattr") or ()), opts["mtriple"])
     return opts
 
 
@@ -250,6 +252,13 @@ def _positive(value: int) -> bool:
     return value > 0
 
 
+_MAX_CORES = 1024  # libgomp ends the process when it cannot create the threads asked for
+
+
+def _cores(value: int) -> bool:
+    return 0 < value <= _MAX_CORES
+
+
 (
     register_target_kind("llvm")
     .describe("CPU code through LLVM (llvmlite), for the host unless told otherwise")
@@ -257,7 +266,7 @@ def _positive(value: int) -> bool:
     .add_option("mattr", "str-list", doc="LLVM features, e.g. +avx512f,-avx512vp2intersect (default: the host's)")
     .add_option("mtriple", "str", doc="LLVM target triple (default: the host's)")
     .add_option("num-cores", "int", doc="threads for parallel loops (default: the cores this process may use)",
-                check=_positive, rule=">= 1")
+                check=_cores, rule=f"1 to {_MAX_CORES}")
     .add_option("opt-level", "int", 3, "LLVM optimization level", check=lambda v: 0 <= v <= 3, rule="0 to 3")
     .set_attr(FTargetParser, _parse_llvm)
     .set_attr(TDeviceType, "cpu")
