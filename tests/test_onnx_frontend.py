@@ -137,7 +137,7 @@ def test_bad_attributes_and_missing_inputs_name_the_node() -> None:
     with pytest.raises(OnnxImportError, match="LeakyRelu node 'lr'"):
         from_onnx(model)
     model = _model([helper.make_node("Where", ["x", "", "x"], ["y"], name="w")], [_io("x", [2])], [_io("y", [2])])
-    with pytest.raises(OnnxImportError, match="Where node 'w': input #1 is required but missing"):
+    with pytest.raises(OnnxImportError, match=r"Where node 'w' \(opset 17\): input #1 \(X\) is required but given as"):
         from_onnx(model)
 
 
@@ -280,3 +280,168 @@ def test_initializer_helper_round_trip() -> None:
     model = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_io("x", [2, 3])], [_io("y", [2, 3])], [w])
     x = np.ones((2, 3), np.float32)
     np.testing.assert_allclose(_run(model, x=x), x + np.arange(6).reshape(2, 3))
+
+
+# --- nodes are held to their op's schema, and biases to the shape they add to -------------------------
+
+
+def _import_error(model: Any) -> str:
+    with pytest.raises(OnnxImportError) as info:
+        from_onnx(model)
+    return str(info.value)
+
+
+def test_extra_inputs_and_outputs_are_errors_naming_the_node() -> None:
+    model = _model([helper.make_node("Relu", ["x", "x"], ["y"], name="r")], [_io("x", [2])], [_io("y", [2])])
+    assert _import_error(model) == ("Relu node 'r' (opset 17) takes at most 1 input(s) (X), found 2: ['x', 'x']")
+    model = _model([helper.make_node("Relu", ["x"], ["y", "z"], name="r")], [_io("x", [2])], [_io("y", [2])])
+    assert _import_error(model) == "Relu node 'r' (opset 17) has 1 output(s) (Y), found 2"
+    c = numpy_helper.from_array(np.zeros(3, np.float32), "c")
+    model = _model([helper.make_node("Gemm", ["a", "a", "c", "c"], ["y"], name="g")], [_io("a", [3, 3])],
+                   [_io("y", [3, 3])], [c])
+    assert "Gemm node 'g' (opset 17) takes at most 3 input(s) (A, B, C), found 4" in _import_error(model)
+    # trailing "" leave optional inputs out: a valid node
+    model = _model([helper.make_node("Clip", ["x", "", ""], ["y"])], [_io("x", [2])], [_io("y", [2])])
+    x = np.array([-1, 2], np.float32)
+    np.testing.assert_allclose(_run(model, x=x), x)
+
+
+def test_required_inputs_must_be_given_and_optional_ones_may_be_empty() -> None:
+    ins, outs = [_io("x", [2, 4]), _io("b", [4])], [_io("y", [2, 4])]
+    model = _model([helper.make_node("LayerNormalization", ["x", "", "b"], ["y"], name="ln")], ins, outs)
+    assert _import_error(model) == ("LayerNormalization node 'ln' (opset 17): input #1 (Scale) is required but "
+                                    'given as ""')
+    model = _model([helper.make_node("LayerNormalization", ["x"], ["y"], name="ln")], ins[:1], outs)
+    assert _import_error(model) == "LayerNormalization node 'ln' (opset 17): input #1 (Scale) is required but missing"
+    model = _model([helper.make_node("Concat", ["x", "", "x"], ["y"], name="cat", axis=0)], ins[:1], outs)
+    assert 'input #1 (one of the variadic inputs) is given as ""' in _import_error(model)
+    # the optional bias given as "" (numpy, not onnxruntime, which crashes on this node)
+    model = _model([helper.make_node("LayerNormalization", ["x", "b", ""], ["y"], name="ln")], ins, outs)
+    x, b = np.random.default_rng(4).standard_normal((2, 4)).astype(np.float32), np.arange(4, dtype=np.float32)
+    want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * b
+    np.testing.assert_allclose(_run(model, x=x, b=b), want, rtol=1e-5, atol=1e-5)
+
+
+def test_attributes_must_be_known_of_their_kind_and_present_when_required() -> None:
+    ins, outs = [_io("x", [2])], [_io("y", [2])]
+    model = _model([helper.make_node("LeakyRelu", ["x"], ["y"], name="lr", alpah=0.2)], ins, outs)
+    assert _import_error(model) == "LeakyRelu node 'lr' (opset 17) has no attribute 'alpah' (its attributes: alpha)"
+    model = _model([helper.make_node("LeakyRelu", ["x"], ["y"], name="lr", alpha=[1, 2])], ins, outs)
+    assert _import_error(model) == "LeakyRelu node 'lr' (opset 17): attribute 'alpha' must be FLOAT, found INTS"
+    model = _model([helper.make_node("Cast", ["x"], ["y"], name="c")], ins, outs)
+    assert _import_error(model) == "Cast node 'c' (opset 17): the required attribute(s) ['to'] are missing"
+
+
+def test_a_gemm_bias_must_broadcast_to_the_output_without_changing_it() -> None:
+    def gemm(c_shape: tuple[int, ...]) -> Any:
+        c = numpy_helper.from_array(np.arange(np.prod(c_shape), dtype=np.float32).reshape(c_shape), "c")
+        return _model([helper.make_node("Gemm", ["a", "b", "c"], ["y"], name="g", beta=0.5)],
+                      [_io("a", [1, 8]), _io("b", [8, 10])], [_io("y", [1, 10])], [c])
+
+    # (64, 1) used to broadcast the (1, 10) product to a (64, 10) output
+    text = _import_error(gemm((64, 1)))
+    assert text == "Gemm node 'g': the bias C has shape (64, 1), which does not broadcast to (1, 10)"
+    assert "has shape (3, 1, 10)" in _import_error(gemm((3, 1, 10)))
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((1, 8)).astype(np.float32), rng.standard_normal((8, 10)).astype(np.float32)
+    for shape in [(), (1,), (10,), (1, 1), (1, 10)]:
+        model = gemm(shape)
+        got = _run(model, a=a, b=b)
+        assert got.shape == (1, 10)
+        np.testing.assert_allclose(got, _ort(model, a=a, b=b)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_norm_scales_biases_and_slopes_must_match_the_channels_or_normalized_dims() -> None:
+    x_info, x = _io("x", [1, 3, 4, 4]), np.random.default_rng(6).standard_normal((1, 3, 4, 4)).astype(np.float32)
+
+    def norm(op: str, shapes: dict[str, tuple[int, ...]], **attrs: Any) -> Any:
+        inits = [numpy_helper.from_array(np.ones(s, np.float32), k) for k, s in shapes.items()]
+        return _model([helper.make_node(op, ["x", *shapes], ["y"], name="n", **attrs)], [x_info],
+                      [_io("y", [1, 3, 4, 4])], inits)
+
+    # InstanceNormalization's (3, 1) scale used to broadcast the output to (3, 3, 4, 4)
+    text = _import_error(norm("InstanceNormalization", {"s": (3, 1), "b": (3,)}))
+    assert text == ("InstanceNormalization node 'n': input #1 (scale) has shape (3, 1): expected (3,), one value "
+                    "per channel of X (1, 3, 4, 4)")
+    assert "input #2 (B) has shape (1,)" in _import_error(norm("InstanceNormalization", {"s": (3,), "b": (1,)}))
+    bn = {"s": (3,), "b": (3,), "m": (3,), "v": (3,)}
+    assert "input #3 (mean) has shape (3, 1)" in _import_error(norm("BatchNormalization", {**bn, "m": (3, 1)}))
+    assert "input #1 (scale) has shape (1,)" in _import_error(norm("BatchNormalization", {**bn, "s": (1,)}))
+    text = _import_error(norm("Conv", {"w": (3, 3, 1, 1), "b": (3, 1, 1)}))
+    assert text.startswith("Conv node 'n': 1 type error") and "expected bias of shape (3,)" in text
+    # LayerNormalization: Scale and B broadcast to the normalized dims (here the last one, 4)
+    text = _import_error(norm("LayerNormalization", {"s": (2, 4)}))
+    assert text == "LayerNormalization node 'n': the Scale has shape (2, 4), which does not broadcast to (4,)"
+    stats = _model([helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "mean"], name="n")], [x_info],
+                   [_io("y", [1, 3, 4, 4])], [numpy_helper.from_array(np.ones(4, np.float32), "s"),
+                                              numpy_helper.from_array(np.ones((4, 4, 4), np.float32), "b")])
+    assert "the bias B has shape (4, 4, 4), which does not broadcast to (4,)" in _import_error(stats)
+    # PRelu's slope broadcasts to X one way only
+    text = _import_error(norm("PRelu", {"slope": (2, 1, 1, 1, 1)}))
+    assert text == "PRelu node 'n': the slope has shape (2, 1, 1, 1, 1), which does not broadcast to (1, 3, 4, 4)"
+    model = norm("PRelu", {"slope": (3, 1, 1)})
+    np.testing.assert_allclose(_run(model, x=x), _ort(model, x=x)[0], rtol=1e-6)
+
+
+def test_clip_bounds_are_scalars() -> None:
+    lo = numpy_helper.from_array(np.full(3, -0.5, np.float32), "lo")
+    model = _model([helper.make_node("Clip", ["x", "lo"], ["y"], name="c")], [_io("x", [])], [_io("y", [])], [lo])
+    assert _import_error(model) == "Clip node 'c': min must be a scalar, found shape (3,)"
+    model = _model([helper.make_node("Clip", ["x", "", "hi"], ["y"], name="c")], [_io("x", []), _io("hi", [2])],
+                   [_io("y", [])])
+    assert _import_error(model) == "Clip node 'c': input #2 (max) must be a scalar, found shape (2,)"
+    # a (1,) bound on a scalar input: a scalar result, as onnxruntime gives
+    lo = numpy_helper.from_array(np.full(1, -0.5, np.float32), "lo")
+    model = _model([helper.make_node("Clip", ["x", "lo"], ["y"], name="c")], [_io("x", [])], [_io("y", [])], [lo])
+    x = np.array(-2.0, np.float32)
+    got, want = _run(model, x=x), _ort(model, x=x)[0]
+    assert got.shape == want.shape == ()
+    np.testing.assert_allclose(got, want)
+
+
+# --- names that are not UTF-8 -------------------------------------------------------------------------------
+
+
+def _with_raw_names(model: Any, names: dict[str, bytes]) -> bytes:
+    """The serialized model with each placeholder name replaced by raw bytes of the same length."""
+    data = model.SerializeToString()
+    for old, new in names.items():
+        assert len(old) == len(new) and data.count(old.encode()) >= 1
+        data = data.replace(old.encode(), new)
+    return data
+
+
+def test_names_that_are_not_utf8_import_build_and_run() -> None:
+    w = numpy_helper.from_array(np.arange(3, dtype=np.float32), "WWWW")
+    model = _model([helper.make_node("Add", ["XXXX", "WWWW"], ["TTTT"], name="NNNN"),
+                    helper.make_node("Relu", ["TTTT"], ["YYYY"], name="MMMM")],
+                   [_io("XXXX", [3])], [_io("YYYY", [3])], [w])
+    data = _with_raw_names(model, {"XXXX": b"x\xff\xfe1", "WWWW": b"w\xc3(2", "TTTT": b"t\xa0\xa13",
+                                   "NNNN": b"n\xf0\x284", "MMMM": b"m\x80\x805"})
+    assert onnx.load_from_string(data).graph.node[0].name == b"n\xf0\x284"  # protobuf hands back bytes
+    for freeze in (True, False):
+        mod, params = from_onnx(data, freeze_params=freeze)
+        assert mod["main"].params[0].name_hint == "x\\xff\\xfe1"
+        assert sorted(params) == ([] if freeze else ["w\\xc3(2"])
+        spans = {str(n.span) for n in relay.analysis.post_order(mod["main"]) if isinstance(n, relay.Call)}
+        assert spans == {"n\\xf0(4", "m\\x80\\x805"}
+        x = np.array([-5, 0, 1], np.float32)
+        want = np.maximum(x + np.arange(3), 0)
+        np.testing.assert_allclose(relay.build(mod, params=params).create_executor()(**{"x\\xff\\xfe1": x}), want)
+        debug = relay.create_executor("debug", mod, params=params)
+        np.testing.assert_allclose(debug(**{"x\\xff\\xfe1": x}), want)
+        assert '%"x\\\\xff\\\\xfe1": Tensor[(3,), float32]' in str(mod)  # the printer escapes the backslash
+
+
+def test_errors_show_names_that_are_not_utf8_escaped() -> None:
+    model = _model([helper.make_node("Add", ["XXXX", "ZZZZ"], ["YYYY"], name="NNNN")],
+                   [_io("XXXX", [3]), _io("ZZZZ", [4])], [_io("YYYY", [3])])
+    data = _with_raw_names(model, {"NNNN": b"n\xff\xfe4"})
+    text = _import_error(data)
+    assert text.startswith("Add node 'n\\xff\\xfe4': 1 type error") and "--> n\\xff\\xfe4" in text
+    # the bytes b"\xff" and the text "\\xff" are distinct names; shown alike, they are an error, not a mix-up
+    model = _model([helper.make_node("Add", ["\\xffAB", "QQQ"], ["YYYY"])],
+                   [_io("\\xffAB", [3]), _io("QQQ", [3])], [_io("YYYY", [3])])
+    text = _import_error(_with_raw_names(model, {"QQQ": b"\xffAB"}))
+    assert text == ("inputs or initializers ['\\\\xffAB'] are distinct names that read the same once their "
+                    "bytes that are not UTF-8 are shown as \\xNN; rename them")

@@ -127,6 +127,11 @@ def _clip(node: OnnxNode) -> Expr:
         value = _scalar(node, i, ("min", "max")[i - 1])
         if value is not None and dtype.is_float and np.isinf(value):
             continue
+        shape = node.shape(bound)
+        if any(d != 1 for d in shape):
+            raise node.error(f"input #{i} ({('min', 'max')[i - 1]}) must be a scalar, found shape {shape}")
+        if shape:  # a (1,) bound must not add an axis to a scalar input
+            bound = relay.reshape(bound, [])
         out = fn(out, bound if node.dtype(bound) == dtype else relay.cast(bound, dtype))
     return out
 
@@ -146,6 +151,7 @@ def _leaky_relu(node: OnnxNode) -> Expr:
 @onnx_converter("PRelu", since=7)
 def _prelu(node: OnnxNode) -> Expr:
     x, slope = node.input(0), node.input(1)
+    node.check_broadcasts_to(slope, node.shape(x), "the slope")
     zero = _fconst(node, x, 0.0)
     return relay.where(relay.less(x, zero), relay.multiply(x, slope), x)
 
@@ -268,6 +274,8 @@ def _gemm(node: OnnxNode) -> Expr:
     if alpha != 1.0:
         out = relay.multiply(out, _fconst(node, out, alpha))
     c = node.optional_input(2)
+    if c is not None:
+        node.check_broadcasts_to(c, node.shape(out), "the bias C")
     if c is not None and beta != 0.0:
         if beta != 1.0:
             c = relay.multiply(c, _fconst(node, c, beta))

@@ -362,6 +362,16 @@ def _global_max_pool(node: OnnxNode) -> Expr:
 # --- BatchNormalization, InstanceNormalization, LayerNormalization -------------------------------
 
 
+def _channel_vectors(node: OnnxNode, names: Sequence[tuple[int, str]]) -> None:
+    """Checks that each input (index, name) is a vector of one value per channel (dim 1 of input 0)."""
+    channels = node.shape(0)[1]
+    for i, what in names:
+        shape = node.shape(i)
+        if len(shape) != 1 or shape[0] != channels:
+            raise node.error(f"input #{i} ({what}) has shape {shape}: expected ({channels},), one value per "
+                             f"channel of X {node.shape(0)}")
+
+
 def _moments(x: Expr, axes: list[int], keepdims: bool) -> tuple[Expr, Expr]:
     """(mean, population variance) of `x` over `axes`."""
     mean = relay.mean(x, axes, keepdims=True)
@@ -375,6 +385,9 @@ def _batch_norm(node: OnnxNode) -> Expr | list[Expr]:
     if node.int_attr("spatial", 1) != 1:
         raise node.error("spatial=0 (statistics per activation, not per channel) is not supported")
     x, scale, bias, mean, var = (node.input(i, what) for i, what in enumerate(("X", "scale", "B", "mean", "var")))
+    if node.ndim(0) < 2:
+        raise node.error(f"expected an input of rank 2 or more (N, C, ...), found shape {node.shape(0)}")
+    _channel_vectors(node, [(1, "scale"), (2, "B"), (3, "mean"), (4, "var")])
     eps = float(node.attr("epsilon", 1e-5))
     training = node.int_attr("training_mode", 0) if node.opset >= 14 else 0
     extra = [o for o in node.outputs[1:] if o]
@@ -404,6 +417,7 @@ def _instance_norm(node: OnnxNode) -> Expr:
     rank = node.ndim(0)
     if rank < 3:
         raise node.error(f"expected an input of rank 3 or more (N, C, spatial...), found rank {rank}")
+    _channel_vectors(node, [(1, "scale"), (2, "B")])
     dtype = node.dtype(0)
     mean, var = _moments(x, list(range(2, rank)), keepdims=True)
     inv = relay.rsqrt(relay.add(var, relay.const(node.float_attr("epsilon", 1e-5), dtype=dtype)))
@@ -421,6 +435,9 @@ def _layer_norm(node: OnnxNode) -> Expr | list[Expr]:
     if not -rank <= axis < rank:
         raise node.error(f"attribute axis is {axis}: expected a value in [{-rank}, {rank}) for an input of rank {rank}")
     axis %= rank
+    node.check_broadcasts_to(scale, shape[axis:], "the Scale")
+    if bias is not None:
+        node.check_broadcasts_to(bias, shape[axis:], "the bias B")
     eps = float(node.attr("epsilon", 1e-5))
     dtype = node.dtype(0)
     stash = onnx_dtype(node.int_attr("stash_type", 1), f"{node}: stash_type")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import inspect
 import os
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -214,20 +215,41 @@ def onnx_dtype(elem_type: int, what: str) -> DataType:
 _REQUIRED: Any = object()
 
 
+def _key(name: str | bytes) -> str:
+    """A name as the importer keys it.
+
+    protobuf hands a string field that is not valid UTF-8 back as bytes; surrogateescape
+    decodes those bytes to lone surrogates, which no valid name contains, so two names
+    stay distinct exactly when their bytes are.
+    """
+    return name if isinstance(name, str) else name.decode("utf-8", "surrogateescape")
+
+
+def _shown(name: str | bytes) -> str:
+    """A name as messages, spans and Relay variables show it: undecodable bytes as \\xNN."""
+    return _key(name).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _quoted(name: str | bytes) -> str:
+    """A name quoted for a message: its repr, or the shown form in quotes when it has undecodable bytes."""
+    key, shown = _key(name), _shown(name)
+    return repr(key) if key == shown else f"'{shown}'"
+
+
 class OnnxNode:
     """One ONNX node as its converter sees it: attributes, inputs (Relay expressions), their types and values."""
 
     def __init__(self, proto: Any, opset: int, inputs: list[Expr | None], importer: _Importer) -> None:
         self.proto = proto
-        self.name: str = proto.name
-        self.op_type: str = proto.op_type
-        self.domain: str = _domain(proto.domain)
+        self.name: str = _shown(proto.name)
+        self.op_type: str = _shown(proto.op_type)
+        self.domain: str = _domain(_shown(proto.domain))
         self.opset = opset
         self.inputs = inputs
-        self.input_names: list[str] = list(proto.input)
-        self.outputs: list[str] = list(proto.output)
+        self.input_names: list[str] = [_key(n) for n in proto.input]
+        self.outputs: list[str] = [_key(n) for n in proto.output]
         self._importer = importer
-        self.attrs: dict[str, Any] = {a.name: self._attribute(a) for a in proto.attribute}
+        self.attrs: dict[str, Any] = {_key(a.name): self._attribute(a) for a in proto.attribute}
 
     def __str__(self) -> str:
         return _label(self.proto)
@@ -322,6 +344,17 @@ class OnnxNode:
             raise self.error(f"{what} has the symbolic shape {tuple(str(d) for d in shape)}; give static shapes")
         return tuple(int(d) for d in shape)  # type: ignore[arg-type]
 
+    def check_broadcasts_to(self, e: Expr | int, target: Sequence[Dim], what: str) -> None:
+        """An error unless `e` broadcasts to `target` unchanged (ONNX's unidirectional broadcasting).
+
+        A bias or a scale that broadcast both ways would silently change the shape of the result.
+        """
+        shape = self.shape(e)
+        fits = len(shape) <= len(target) and all(
+            d == 1 or d == t for d, t in zip(reversed(shape), reversed(target), strict=False))
+        if not fits:
+            raise self.error(f"{what} has shape {_dims(shape)}, which does not broadcast to {_dims(target)}")
+
     def value(self, e: Expr | int, what: str = "") -> np.ndarray:
         """The value of input `e` (an index or expression), which must be a constant or an initializer."""
         expr = self.input(e, what) if isinstance(e, int) else e
@@ -393,7 +426,7 @@ class _Importer:
         self.freeze = freeze_params
         self.opsets: dict[str, int] = {}
         for imp in model.opset_import:
-            self.opsets[_domain(imp.domain)] = int(imp.version)
+            self.opsets[_domain(_shown(imp.domain))] = int(imp.version)
         if "" not in self.opsets:
             raise OnnxImportError("the model imports no version of the default ONNX opset (opset_import is empty)")
         self.values: dict[str, Expr] = {}
@@ -436,21 +469,38 @@ class _Importer:
         graph = self.graph
         init_names = set()
         for init in graph.initializer:
-            if not init.name:
+            key, shown = _key(init.name), _shown(init.name)
+            if not key:
                 raise OnnxImportError("an initializer has no name")
-            init_names.add(init.name)
-            array = self.tensor(init, f"initializer {init.name!r}")
-            with span_scope(Span(init.name)):
+            if key in init_names:
+                raise OnnxImportError(f"initializer {_quoted(init.name)} is defined twice")
+            init_names.add(key)
+            array = self.tensor(init, f"initializer {_quoted(init.name)}")
+            with span_scope(Span(shown)):
                 if self.freeze:
-                    self.values[init.name] = Constant(array, span=Span(init.name))
+                    self.values[key] = Constant(array, span=Span(shown))
                 else:
-                    v = Var(init.name, TensorType(array.shape, DataType.of(array.dtype)), span=Span(init.name))
-                    self.values[init.name] = v
-                    self.params[init.name] = array
+                    v = Var(shown, TensorType(array.shape, DataType.of(array.dtype)), span=Span(shown))
+                    self.values[key] = v
+                    self.params[shown] = array
                     self.param_values[id(v)] = array
                     self.param_vars.append(v)
-        graph_inputs = [i for i in graph.input if i.name not in init_names]
-        names = {i.name for i in graph_inputs}
+        graph_inputs = [i for i in graph.input if _key(i.name) not in init_names]
+        keys: dict[str, str] = {}  # shown name -> key
+        for value_info in graph_inputs:
+            key, shown = _key(value_info.name), _shown(value_info.name)
+            if not key:
+                raise OnnxImportError("a graph input has no name")
+            if keys.get(shown) == key:
+                raise OnnxImportError(f"graph input {_quoted(value_info.name)} is declared twice")
+            if shown in keys:
+                raise _shown_alike([shown])
+            keys[shown] = key
+        names = set(keys)
+        shown_params = [v.name_hint for v in self.param_vars]
+        clash = names & set(shown_params) or {n for n, count in Counter(shown_params).items() if count > 1}
+        if clash:
+            raise _shown_alike(sorted(clash))
         unknown = sorted(set(self.shape_override) - names)
         if unknown:
             raise OnnxImportError(f"shape= names {unknown}, which are not inputs of the model; "
@@ -458,16 +508,17 @@ class _Importer:
         for value_info in graph_inputs:
             v = self.input_var(value_info)
             self.inputs.append(v)
-            self.values[value_info.name] = v
+            self.values[_key(value_info.name)] = v
         nodes = self.sorted_nodes(set(self.values))
         self.check_supported(nodes)
         for node in nodes:
             self.convert(node)
         outputs = []
         for out in graph.output:
-            if out.name not in self.values:
-                raise OnnxImportError(f"graph output {out.name!r} is not produced by any node, input or initializer")
-            outputs.append(self.values[out.name])
+            if _key(out.name) not in self.values:
+                raise OnnxImportError(f"graph output {_quoted(out.name)} is not produced by any node, input or "
+                                      "initializer")
+            outputs.append(self.values[_key(out.name)])
         if not outputs:
             raise OnnxImportError("the graph has no outputs")
         body = outputs[0] if len(outputs) == 1 else Tuple(tuple(outputs))
@@ -476,7 +527,7 @@ class _Importer:
         return IRModule.from_expr(func), self.params
 
     def input_var(self, value_info: Any) -> Var:
-        name = value_info.name
+        name = _shown(value_info.name)
         tensor_type = value_info.type.tensor_type if value_info.type.HasField("tensor_type") else None
         if tensor_type is None:
             raise OnnxImportError(f"input {name!r} is not a tensor; kiln imports tensor inputs only")
@@ -507,21 +558,22 @@ class _Importer:
         producer: dict[str, int] = {}
         nodes = list(self.graph.node)
         for i, node in enumerate(nodes):
-            for out in node.output:
+            for out in map(_key, node.output):
                 if not out:
                     continue
                 if out in producer or out in defined:
-                    raise OnnxImportError(f"{_label(node, i)}: output {out!r} is also defined elsewhere in the graph")
+                    raise OnnxImportError(f"{_label(node, i)}: output {_quoted(out)} is also defined elsewhere "
+                                          "in the graph")
                 producer[out] = i
         deps: list[set[int]] = []
         for i, node in enumerate(nodes):
             need = set()
-            for name in node.input:
+            for name in map(_key, node.input):
                 if not name or name in defined:
                     continue
                 if name not in producer:
                     raise OnnxImportError(
-                        f"{_label(node, i)} reads {name!r}, which no node, graph input or initializer defines"
+                        f"{_label(node, i)} reads {_quoted(name)}, which no node, graph input or initializer defines"
                     )
                 need.add(producer[name])
             deps.append(need)
@@ -551,22 +603,28 @@ class _Importer:
     def check_supported(self, nodes: list[Any]) -> None:
         missing: dict[tuple[str, str, int], list[str]] = {}
         for i, node in enumerate(nodes):
-            domain = _domain(node.domain)
+            domain = _domain(_shown(node.domain))
             opset = self.opsets.get(domain)
             if opset is None:
                 raise OnnxImportError(f"{_label(node, i)} uses domain {domain!r}, which the model does not import")
-            if find_converter(node.op_type, opset, domain) is None:
-                missing.setdefault((domain, node.op_type, opset), []).append(node.name or f"#{i}")
+            if find_converter(_shown(node.op_type), opset, domain) is None:
+                missing.setdefault((domain, _shown(node.op_type), opset), []).append(_shown(node.name) or f"#{i}")
         if missing:
             raise OnnxUnsupportedError(missing)
+        from kiln.relay.frontend._onnx_check import check_node
+
+        for i, node in enumerate(nodes):
+            domain = _domain(_shown(node.domain))
+            check_node(node, _label(node, i), self.opsets[domain], domain)
 
     def convert(self, proto: Any) -> None:
-        domain = _domain(proto.domain)
+        domain = _domain(_shown(proto.domain))
         opset = self.opsets[domain]
-        entry = find_converter(proto.op_type, opset, domain)
+        entry = find_converter(_shown(proto.op_type), opset, domain)
         assert entry is not None
-        inputs = [self.values[n] if n else None for n in proto.input]
-        span = Span(proto.name or f"{proto.op_type}:{next((o for o in proto.output if o), '')}")
+        inputs = [self.values[n] if n else None for n in map(_key, proto.input)]
+        first = next((_shown(o) for o in proto.output if o), "")
+        span = Span(_shown(proto.name) or f"{_shown(proto.op_type)}:{first}")
         with span_scope(span):
             node = OnnxNode(proto, opset, inputs, self)
             try:
@@ -599,6 +657,16 @@ class _Importer:
         return outs
 
 
+def _shown_alike(names: list[str]) -> OnnxImportError:
+    # Only bytes that are not UTF-8, shown as \xNN, can make two distinct names read the same.
+    return OnnxImportError(f"inputs or initializers {names} are distinct names that read the same once their "
+                           "bytes that are not UTF-8 are shown as \\xNN; rename them")
+
+
+def _dims(shape: Sequence[Dim]) -> str:
+    return f"({', '.join(map(str, shape))}{',' if len(shape) == 1 else ''})"
+
+
 def _override_dim(name: str, d: Any) -> Dim:
     if isinstance(d, str) and d.isidentifier():
         return SizeVar(d)
@@ -609,11 +677,12 @@ def _override_dim(name: str, d: Any) -> Dim:
 
 def _label(node: Any, index: int | None = None) -> str:
     """How errors name a node: its name, else its first output, else its position."""
+    op_type = _shown(node.op_type)
     if node.name:
-        return f"{node.op_type} node {node.name!r}"
+        return f"{op_type} node {_quoted(node.name)}"
     if any(node.output):
-        return f"{node.op_type} node (output {next(o for o in node.output if o)!r})"
-    return f"{node.op_type} node #{index}"
+        return f"{op_type} node (output {_quoted(next(o for o in node.output if o))})"
+    return f"{op_type} node #{index}"
 
 
 def load_model(model_or_path: Any) -> Any:
