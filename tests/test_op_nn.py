@@ -326,6 +326,15 @@ def test_softmax_reference_is_stable_for_large_inputs() -> None:
     assert np.isfinite(ref("nn.log_softmax", x)[0, :2]).all()
 
 
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+@pytest.mark.parametrize(("shape", "axis"), [((0, 3), 0), ((0, 1, 1), -1), ((2, 0), 1)])
+def test_softmax_of_an_empty_tensor_is_empty(op, shape, axis) -> None:
+    # the references took numpy's max over the axis, which raises for an empty axis
+    out = check_ref_agrees(op, [np.zeros(shape, "float32")], axis=axis)
+    assert out.shape == shape
+    check_build(op, np.zeros(shape, "float32"), axis=axis)
+
+
 # --- batch_norm, layer_norm ----------------------------------------------------------------------------
 
 
