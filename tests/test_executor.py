@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import cuda_standin
 import numpy as np
 import pytest
 
@@ -362,6 +363,20 @@ def test_zero_size_dims_build_run_and_match_the_reference(case: str, shape: tupl
         got = ex(x=a)
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)  # sums of nothing are 0, means of nothing nan
+
+
+@cuda_standin.needs_gxx
+def test_zero_size_values_on_a_cuda_library_through_the_host_stand_in(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Any) -> None:
+    launches = cuda_standin.install(monkeypatch, tmp_path)
+    x = relay.var("x", shape=(0, 8))
+    with PassContext(opt_level=3, disabled_pass=["FuseOps"]):
+        func = relay.Function([x], relay.Tuple([EMPTY_MODELS["two dense layers"](x), relay.sum(relay.exp(x), axis=0)]))
+        ex = build(func, target="cuda -arch=sm_90").create_executor()
+    empty, sums = ex(x=np.zeros((0, 8), np.float32))
+    assert empty.shape == (0, 2)
+    np.testing.assert_array_equal(sums.get(), np.zeros(8, np.float32))
+    assert [name for name, *_ in launches] == [launches[0][0]]  # only the sum has work to do
 
 
 def test_an_empty_reduction_axis_inside_dense() -> None:
