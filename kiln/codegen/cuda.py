@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from contextlib import ExitStack
 
 from kiln.codegen.cuda_host import (
     SYNC_NAME,
@@ -109,7 +110,7 @@ from kiln.tir.expr import (
     is_float,
 )
 from kiln.tir.flatten import flatten
-from kiln.tir.functor import Node, post_order_visit, used_vars
+from kiln.tir.functor import Node, let_chain, post_order_visit, used_vars
 from kiln.tir.simplify import Analyzer
 from kiln.tir.stmt import (
     Allocate,
@@ -386,15 +387,16 @@ class _KernelWriter:
                 self._block(s.else_case, unbound, variant)
             self.emit("}")
         elif isinstance(s, LetStmt):
-            name = self._declare(s.var)
-            self.emit(f"const {_ctype(s.var.dtype)} {name} = {_bare(self.expr(s.value))};")
-            if self._variant(s.value):
-                self.variant.add(id(s.var))
-            if s.value.dtype in ("int32", "int64") and s.var.dtype == s.value.dtype:
-                with self.ana.bound(s.var, s.value, s.value):
-                    self.stmt(s.body, unbound)
-            else:
-                self.stmt(s.body, unbound)
+            chain = let_chain(s)  # in a loop: a fused kernel's shared values are a long chain of lets
+            with ExitStack() as scope:
+                for let in chain:
+                    name = self._declare(let.var)
+                    self.emit(f"const {_ctype(let.var.dtype)} {name} = {_bare(self.expr(let.value))};")
+                    if self._variant(let.value):
+                        self.variant.add(id(let.var))
+                    if let.value.dtype in ("int32", "int64") and let.var.dtype == let.value.dtype:
+                        scope.enter_context(self.ana.bound(let.var, let.value, let.value))
+                self.stmt(chain[-1].body, unbound)
         elif isinstance(s, Evaluate):
             self._evaluate(s)
         else:

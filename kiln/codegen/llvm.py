@@ -70,7 +70,7 @@ from kiln.tir.expr import (
     is_float,
 )
 from kiln.tir.flatten import flatten
-from kiln.tir.functor import post_order_visit
+from kiln.tir.functor import let_chain, post_order_visit
 from kiln.tir.stmt import (
     Allocate,
     BufferStore,
@@ -276,9 +276,12 @@ class CodeGenLLVM:
                     with otherwise:
                         self.stmt(s.else_case)
         elif isinstance(s, LetStmt):
-            self.f.vars[id(s.var)] = self.expr(s.value)
-            self.stmt(s.body)
-            del self.f.vars[id(s.var)]  # out of scope: a later parallel loop must not capture it
+            chain = let_chain(s)  # in a loop: a fused kernel's shared values are a long chain of lets
+            for let in chain:
+                self.f.vars[id(let.var)] = self.expr(let.value)
+            self.stmt(chain[-1].body)
+            for let in chain:
+                del self.f.vars[id(let.var)]  # out of scope: a later parallel loop must not capture it
         elif isinstance(s, Evaluate):
             self.expr(s.value)
         else:

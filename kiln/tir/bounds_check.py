@@ -11,6 +11,7 @@ inside `if` bodies (their guards may be what keeps an access in bounds).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 from kiln.tir.expr import Buffer, BufferLoad, Call, IntImm, PrimExpr, TIRError
 from kiln.tir.functor import Node, post_order_visit
@@ -75,7 +76,18 @@ def check_accesses(func: PrimFunc) -> None:
             elif isinstance(s, BufferStore):
                 _check_access(ana, func.name, s.buffer, s.indices, "a write")
                 reads(s.value)
-            elif isinstance(s, (Allocate, LetStmt)):
+            elif isinstance(s, LetStmt):
+                # a let chain (shared values of a fused kernel) is walked in this loop, not recursively
+                with ExitStack() as scope:
+                    while True:
+                        reads(s.value)  # loads bound to a let are as real as loads in the store
+                        if s.value.dtype == s.var.dtype:
+                            scope.enter_context(ana.bound(s.var, s.value, s.value))
+                        if not isinstance(s.body, LetStmt):
+                            break
+                        s = s.body
+                    walk(s.body)
+            elif isinstance(s, Allocate):
                 walk(s.body)
             # IfThenElse: skipped, its guard may be what keeps the accesses inside in bounds
 

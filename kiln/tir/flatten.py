@@ -27,6 +27,7 @@ from kiln.tir.expr import (
     const,
 )
 from kiln.tir.expr import Mul as _Mul
+from kiln.tir.functor import let_chain
 from kiln.tir.stmt import (
     Allocate,
     BufferStore,
@@ -108,8 +109,13 @@ class _Flattener:
         if isinstance(s, IfThenElse):
             other = None if s.else_case is None else self.stmt(s.else_case)
             return IfThenElse(self.expr(s.cond), self.stmt(s.then_case), other)
-        if isinstance(s, LetStmt):
-            return LetStmt(s.var, self.expr(s.value), self.stmt(s.body))
+        if isinstance(s, LetStmt):  # a chain of lets in a loop: it is as long as a kernel's shared values
+            chain = let_chain(s)
+            values = [self.expr(let.value) for let in chain]
+            body = self.stmt(chain[-1].body)
+            for let, value in zip(reversed(chain), reversed(values), strict=True):
+                body = LetStmt(let.var, value, body)
+            return body
         if isinstance(s, Evaluate):
             return Evaluate(self.expr(s.value))
         raise TIRError(f"flatten: unknown statement {type(s).__name__}")

@@ -159,14 +159,22 @@ class StmtExprMutator:
         return IfThenElse(cond, then, other)
 
     def visit_let_stmt(self, s: LetStmt) -> Stmt:
-        value = self.visit_expr(s.value)
-        var = self.visit_expr(s.var)
-        if not isinstance(var, Var):
-            raise TIRError(f"a let variable can only be replaced by a variable, not {var}")
-        body = self.visit_stmt(s.body)
-        if value is s.value and var is s.var and body is s.body:
-            return s
-        return LetStmt(var, value, body)
+        # A chain of lets (the shared values of a fused kernel) is walked in a loop, not recursively.
+        chain = let_chain(s)
+        bound: list[tuple[Var, PrimExpr]] = []
+        for let in chain:
+            value = self.visit_expr(let.value)
+            var = self.visit_expr(let.var)
+            if not isinstance(var, Var):
+                raise TIRError(f"a let variable can only be replaced by a variable, not {var}")
+            bound.append((var, value))
+        body = self.visit_stmt(chain[-1].body)
+        for let, (var, value) in zip(reversed(chain), reversed(bound), strict=True):
+            if not (value is let.value and var is let.var and body is let.body):
+                body = LetStmt(var, value, body)
+            else:
+                body = let
+        return body
 
     def visit_seq_stmt(self, s: SeqStmt) -> Stmt:
         stmts = [self.visit_stmt(c) for c in s.stmts]
@@ -190,6 +198,14 @@ class StmtExprMutator:
         if isinstance(node, PrimExpr):
             return self.visit_expr(node)
         return self.visit_stmt(node)
+
+
+def let_chain(s: LetStmt) -> list[LetStmt]:
+    """`s` and the lets directly nested in its body, outermost first."""
+    chain = [s]
+    while isinstance(chain[-1].body, LetStmt):
+        chain.append(chain[-1].body)
+    return chain
 
 
 def _lookup(table: dict[type, str], cls: type) -> str:

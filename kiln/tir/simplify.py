@@ -20,7 +20,7 @@ stay in range.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 
 from kiln.tir.expr import (
     EQ,
@@ -58,7 +58,7 @@ from kiln.tir.expr import (
     logical_not,
     select,
 )
-from kiln.tir.functor import StmtExprMutator, Substituter, structural_key, used_vars
+from kiln.tir.functor import StmtExprMutator, Substituter, let_chain, structural_key, used_vars
 from kiln.tir.printer import expr_text
 from kiln.tir.stmt import Allocate, Evaluate, For, ForKind, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
@@ -566,15 +566,25 @@ class StmtSimplifier(StmtExprMutator):
         return IfThenElse(cond, then, other)
 
     def visit_let_stmt(self, s: LetStmt) -> Stmt:
-        value = self.analyzer.simplify(s.value)
-        if value.dtype in LINEAR_DTYPES and s.var.dtype == value.dtype:
-            with self.analyzer.bound(s.var, value, value):
-                body = self.visit_stmt(s.body)
-        else:
-            body = self.visit_stmt(s.body)
-        if _is_empty(body) or s.var not in used_vars(body):
+        # A chain of lets is walked in a loop, and the unused ones are found in one pass backwards
+        # (a fused kernel binds each shared value: hundreds of lets, each as deep as the chain).
+        chain = let_chain(s)
+        values: list[PrimExpr] = []
+        with ExitStack() as scope:
+            for let in chain:
+                value = self.analyzer.simplify(let.value)
+                values.append(value)
+                if value.dtype in LINEAR_DTYPES and let.var.dtype == value.dtype:
+                    scope.enter_context(self.analyzer.bound(let.var, value, value))
+            body = self.visit_stmt(chain[-1].body)
+        if _is_empty(body):
             return body
-        return LetStmt(s.var, value, body)
+        used = used_vars(body)
+        for let, value in zip(reversed(chain), reversed(values), strict=True):
+            if let.var in used:
+                used |= used_vars(value)
+                body = LetStmt(let.var, value, body)
+        return body
 
     def visit_allocate(self, s: Allocate) -> Stmt:
         body = self.visit_stmt(s.body)

@@ -28,7 +28,7 @@ from kiln.tir.expr import (
     binary,
     const,
 )
-from kiln.tir.functor import StmtExprMutator, Substituter, structural_key, used_vars
+from kiln.tir.functor import StmtExprMutator, Substituter, let_chain, structural_key, used_vars
 from kiln.tir.simplify import LINEAR_DTYPES, Analyzer, Linear, simplify_stmt
 from kiln.tir.stmt import Allocate, For, ForKind, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt, seq
 
@@ -298,10 +298,17 @@ class _Renamer(Substituter):
         return super().visit_for(s)
 
     def visit_let_stmt(self, s: LetStmt) -> Stmt:
-        value = self.visit_expr(s.value)  # the value sees the outer binding
-        var = Var(s.var.name, s.var.dtype)
-        self.vmap[s.var] = var
-        return LetStmt(var, value, self.visit_stmt(s.body))
+        chain = let_chain(s)  # walked in a loop: a fused kernel's shared values are long let chains
+        bound: list[tuple[Var, PrimExpr]] = []
+        for let in chain:
+            value = self.visit_expr(let.value)  # the value sees the outer binding
+            var = Var(let.var.name, let.var.dtype)
+            self.vmap[let.var] = var
+            bound.append((var, value))
+        body = self.visit_stmt(chain[-1].body)
+        for var, value in reversed(bound):
+            body = LetStmt(var, value, body)
+        return body
 
     def visit_allocate(self, s: Allocate) -> Stmt:
         shape = tuple(self.visit_expr(d) for d in s.buffer.shape)
