@@ -256,7 +256,7 @@ def test_inputs_set_in_one_thread_are_not_seen_by_another() -> None:
                 seen.append(str(e))
 
     run_threads(1, other)
-    assert seen == ["inputs not set: ['x']; set them with set_input(name, array)",
+    assert seen == ["inputs not set: ['x']; set them with set_input(name, array) in this thread",
                     "get_output before run() (outputs are per thread: run in this thread first)"]
     assert ex.get_output(0).shape == (5, 4)  # this thread's output is still here
 
@@ -413,6 +413,19 @@ def test_the_executor_refuses_a_graph_with_more_elements_than_the_kernels_index(
     with pytest.raises(runtime.ExecutorError, match=r"output 0 \(float32\[4294967296, 4294967296\], made by "
                                                     r"nn.dense\) has shape \(4294967296, 4294967296\): "
                                                     f"{2**64} elements, more than the {MAX_ELEMENTS}"):
+        lib.create_executor()
+
+
+def test_the_executor_refuses_negative_sizes_in_a_graph() -> None:
+    lib = dense_model()
+    g = lib.graph
+    out = g.outputs[0]
+    g.slots[out] = attrs.evolve(g.slots[out], shape=(4, -3))
+    with pytest.raises(runtime.ExecutorError, match=r"output 0 \(float32\[4, -3\], made by nn.dense\) has a negative "
+                                                    r"dim: shape \(4, -3\)"):
+        lib.create_executor()
+    g.storage_sizes.append(-1)
+    with pytest.raises(runtime.ExecutorError, match=r"intermediate buffer 0 has a negative size \(-1 bytes\)"):
         lib.create_executor()
 
 

@@ -237,7 +237,7 @@ class GraphExecutor:
         g = self.lib.graph
         missing = [g.slots[s].name for s in g.inputs if s not in state.bound]
         if missing:
-            raise ExecutorError(f"inputs not set: {missing}; set them with set_input(name, array)")
+            raise ExecutorError(f"inputs not set: {missing}; set them with set_input(name, array) in this thread")
         values = list(self._values)
         for s in g.inputs:
             values[s] = state.bound[s]
@@ -323,7 +323,12 @@ class GraphExecutor:
     def _check_sizes(self) -> None:
         """Refuses tensors the kernels cannot index and buffers the machine cannot hold, before allocating."""
         g = self.lib.graph
+        for b, n in enumerate(g.storage_sizes):
+            if n < 0:
+                raise ExecutorError(f"intermediate buffer {b} has a negative size ({n} bytes)")
         for s, slot in enumerate(g.slots):
+            if any(d < 0 for d in slot.shape):
+                raise ExecutorError(f"{self._describe_slot(s)} has a negative dim: shape {slot.shape}")
             elements = math.prod(slot.shape)
             if elements > MAX_ELEMENTS:
                 raise ExecutorError(f"{self._describe_slot(s)} has shape {slot.shape}: {elements} elements, more "
