@@ -13,6 +13,8 @@ import multiprocessing
 import os
 import stat
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -337,6 +339,45 @@ def test_garbage_truncated_empty_and_foreign_object_code_is_refused(lib_file: Pa
 
     with pytest.raises(runtime.LibraryFormatError, match=message):
         runtime.load(edited(lib_file, edit), trust=True)
+
+
+_MUTATE_OBJECTS = """
+import random, struct, sys
+from kiln.codegen import jit
+from kiln.errors import KilnError
+from kiln.target import Target
+objs = [open(p, "rb").read() for p in sys.argv[2:]]
+rnd = random.Random(int(sys.argv[1]))
+linked = refused = 0
+for _ in range(1000):
+    x = bytearray(rnd.choice(objs))
+    (shoff,) = struct.unpack_from("<Q", x, 40)
+    for _ in range(rnd.randint(1, 6)):
+        r = rnd.random()
+        pos = rnd.randrange(64) if r < 0.3 else rnd.randrange(shoff, len(x)) if r < 0.6 else rnd.randrange(len(x))
+        x[pos] = rnd.randrange(256) if rnd.random() < 0.5 else x[pos] ^ (1 << rnd.randrange(8))
+    try:
+        jit.Engine(bytes(x), Target("llvm"), [], "fused_0")  # linked, never called
+        linked += 1
+    except KilnError:
+        refused += 1
+print(linked, refused)
+"""
+
+
+def test_mutated_object_code_is_refused_or_linked_never_aborts(lib_file: Path, tmp_path: Path) -> None:
+    """LLVM's JIT linker aborts the process on many malformed objects (bad alignments, section names,
+    relocation types, TLS): the ELF checks must catch them first. In a child, so an abort fails the test."""
+    _, blobs = split(lib_file)
+    paths = []
+    for i, blob in enumerate(blobs[:2]):
+        paths.append(tmp_path / f"k{i}.o")
+        paths[-1].write_bytes(blob)
+    done = subprocess.run([sys.executable, "-c", _MUTATE_OBJECTS, "13", *map(str, paths)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    linked, refused = map(int, done.stdout.split())
+    assert linked + refused == 1000 and refused > 500
 
 
 def test_a_library_for_features_this_cpu_lacks_is_refused(tmp_path: Path, own_key: Path) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import re
 import struct
 from collections.abc import Sequence
@@ -407,8 +408,9 @@ def _graph(c: _Checker, header: dict[str, Any], blobs: list[bytes], params: list
                     c.of(s["storage"], int, f"{f}.storage"))
         if kind == "temp":
             b = c.index(slot.storage, len(storage), f"{f}.storage", "storage buffer")
-            if storage[b] < slot.nbytes:
-                raise c.fail(f, f"needs {slot.nbytes} bytes, but its storage buffer {b} has {storage[b]}")
+            nbytes = math.prod(shape) * numpy_dtype(slot.dtype).itemsize  # exact: Slot.nbytes is int64
+            if storage[b] < nbytes:
+                raise c.fail(f, f"needs {nbytes} bytes, but its storage buffer {b} has {storage[b]}")
         slots.append(slot)
     launches = []
     for n, x in enumerate(c.list_(header["launches"], "launches")):
@@ -434,8 +436,8 @@ def _graph(c: _Checker, header: dict[str, Any], blobs: list[bytes], params: list
         slot = slots[int(key)]
         try:
             arr = np.load(io.BytesIO(blobs[c.index(b, len(blobs), f, "blob")]), allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise c.fail(f, f"not a numpy array ({e})") from e
+        except Exception as e:  # numpy's .npy parser raises many kinds (ValueError, SyntaxError, TokenError...)
+            raise c.fail(f, f"not a numpy array ({type(e).__name__}: {e})") from e
         if not isinstance(arr, np.ndarray) or arr.shape != slot.shape or arr.dtype != numpy_dtype(slot.dtype):
             raise c.fail(f, f"array {getattr(arr, 'dtype', '?')}{getattr(arr, 'shape', '')}, its slot is "
                             f"{slot.dtype}{slot.shape}")
