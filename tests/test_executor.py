@@ -401,6 +401,21 @@ def test_relay_build_refuses_tensors_with_more_elements_than_the_kernels_index()
         build(relay.Function([a, b], relay.add(a, b)))
 
 
+@pytest.mark.parametrize("symbolic", [True, False], ids=["symbolic dims", "static dims"])
+def test_a_kiln_build_module_refuses_arrays_with_more_elements_than_it_indexes(symbolic: bool) -> None:
+    # a fused loop over n * m int32 iterations wrapped to 0 for n = m = 2**16: the kernel silently did nothing
+    shape = (te.var("n"), te.var("m")) if symbolic else (2**16, 2**16)
+    a = te.placeholder(shape, name="A", dtype="uint8")
+    b = te.compute(shape, lambda i, j: a[i, j] + te.const(1, "uint8"), name="B")
+    s = te.create_schedule(b)
+    s[b].fuse(*b.op.axis)
+    mod = kiln.build(s, [a, b])
+    huge = np.broadcast_to(np.zeros(1, np.uint8), (2**16, 2**16))  # no memory: refused before anything reads it
+    with pytest.raises(runtime.ArgumentError, match=r"parameter 'A': shape \(65536, 65536\) has 4294967296 "
+                                                    "elements, more than the 2147483647 that kernels index"):
+        mod(huge, huge)
+
+
 def test_the_executor_refuses_a_graph_with_more_elements_than_the_kernels_index() -> None:
     lib = dense_model()
     g = lib.graph

@@ -90,6 +90,8 @@ class Param:
             elif prev[0] != got:
                 raise self.error(f"size {want.name} is {prev[0]} from {prev[1]} but {got} here "
                                  f"(shape {a.shape}, expected {self.shape_text})")
+        if a.size > _INT32_MAX:  # loop variables are int32: a loop over all elements would wrap around
+            raise self.error(f"shape {a.shape} has {a.size} elements, more than the {_INT32_MAX} that kernels index")
 
 
 def check_count(func: PrimFunc, params: list[Param], arrays: tuple[Any, ...]) -> None:
