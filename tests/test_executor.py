@@ -489,8 +489,14 @@ def test_failed_allocations_are_kiln_errors_naming_the_buffer(monkeypatch: pytes
         ex(x=np.ones((5, 8), np.float32, order="F"))
 
 
-def test_host_memory_is_known_and_sizes_print_in_binary_units() -> None:
+def test_host_memory_is_known_and_sizes_print_in_binary_units(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     mem = executor_module.host_memory_bytes()
     assert mem is not None and mem > 2**28
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(executor_module, "_CGROUP_LIMIT_FILES", (str(v2), str(v1)))
+    v2.write_text("max\n")  # no limit
+    assert executor_module.host_memory_bytes() == mem
+    v1.write_text(f"{2**30}\n")  # a container's limit, lower than the machine's memory
+    assert executor_module.host_memory_bytes() == min(mem, 2**30)
     assert [executor_module.format_bytes(n) for n in (0, 1023, 1024, 3 << 29, 2**41)] == [
         "0 bytes", "1023 bytes", "1.0 KiB", "1.5 GiB", "2.0 TiB"]

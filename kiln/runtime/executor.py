@@ -35,13 +35,27 @@ MAX_ELEMENTS = 2**31 - 1
 _Entry = tuple[Callable[..., int], tuple[int, ...], list[int], tuple[int, ...] | None]
 
 
+# where Linux states a container's memory limit (cgroup v2, then v1); "max" or a huge number means none
+_CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def host_memory_bytes() -> int | None:
-    """The physical memory of this machine in bytes, or None where the OS does not say."""
+    """The memory this process can have in bytes: the machine's, or its cgroup's limit if lower; None if unknown."""
     try:
         pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        physical = pages * size if pages > 0 and size > 0 else None
     except (ValueError, OSError, AttributeError):
-        return None
-    return pages * size if pages > 0 and size > 0 else None
+        physical = None
+    limits = [physical] if physical is not None else []
+    for path in _CGROUP_LIMIT_FILES:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) > 0:
+            limits.append(int(text))
+    return min(limits) if limits else None
 
 
 def format_bytes(n: int) -> str:
