@@ -265,14 +265,14 @@ def _softmax_rel(arg_types: list[Type], attrs: SoftmaxAttrs) -> Type | None:
 
 def _softmax_ref(attrs: SoftmaxAttrs, x: Array) -> Array:
     if x.size == 0:  # numpy's max of an empty axis raises; the softmax of nothing is empty
-        return x.copy()
+        return np.array(x, copy=True)
     e = np.exp(x - np.max(x, axis=attrs.axis, keepdims=True))
     return np.asarray(e / np.sum(e, axis=attrs.axis, keepdims=True)).astype(x.dtype)
 
 
 def _log_softmax_ref(attrs: SoftmaxAttrs, x: Array) -> Array:
     if x.size == 0:
-        return x.copy()
+        return np.array(x, copy=True)
     shifted = x - np.max(x, axis=attrs.axis, keepdims=True)
     return np.asarray(shifted - np.log(np.sum(np.exp(shifted), axis=attrs.axis, keepdims=True))).astype(x.dtype)
 

@@ -1,0 +1,826 @@
+"""A fuzzer of Relay graphs: random well-typed graphs, compiled and checked against two references.
+
+`relay_graphs()` is a hypothesis strategy of `FuzzCase`s: a Relay function,
+its inputs and the outputs that numpy computes for it, built side by side, one
+op at a time. Each op is chosen for a value already in the graph and its other
+operands are made to fit (broadcast-compatible shapes, matching reduction dims,
+split points that divide the axis), so every graph type-checks by construction.
+The graphs mix elementwise ops with broadcasting, reductions, layout ops, dense
+and matmul, softmax, casts, fan-out, tuples, constants, several outputs and
+dims of size 0.
+
+`check_case(case)` builds the function with `relay.build`, runs it, and
+compares its outputs with the reference interpreter's and with numpy's. Values
+stay finite and bounded by construction: inputs lie on a grid of quarters in
+[-2, 2], the operands of log/sqrt/division are made positive, and an op whose
+result would overflow is not drawn. Ops whose result flips on the last bit of
+their input (floor, round, comparisons, casts to int) are only applied to
+values known to be exact, so compiled code and numpy must agree to the bit.
+
+`run_fuzz(...)` drives the strategy with hypothesis; `python -m
+kiln.testing.fuzz --seconds 300` runs it for a while (the test suite runs it in
+a child process, so a case that crashes the process fails a test instead of
+killing the runner).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from kiln import relay
+from kiln.ir.module import IRModule
+from kiln.relay.expr import Expr, Function, Tuple, TupleGetItem, Var
+
+Array = np.ndarray[Any, Any]
+Draw = Callable[[st.SearchStrategy[Any]], Any]
+
+FLOATS = ("float32", "float64")
+NUMERIC = ("float32", "float64", "int32")
+_GRID = 4096.0  # exact float values are multiples of 1/_GRID ...
+_EXACT_LIMIT = 2048.0  # ... below this magnitude, so float32 holds them and their sums exactly
+_FLOAT_LIMIT = 1e6  # no drawn op makes a float larger than this
+_INT_LIMIT = 2**20  # nor an integer
+_MAX_ELEMENTS = 512  # nor a tensor with more elements
+# the relative error one inexact op may add: a few ulps, as fast vectorized exp/log/erf are allowed
+_EPS = {"float32": 1e-6, "float64": 1e-13}
+
+
+@attrs.define
+class Value:
+    """A tensor of the graph being built: its expression, its numpy value, and whether it is exact.
+
+    `exact` means the value is computed without rounding (integers; floats on the grid computed by
+    exact ops), so compiled code must produce the very same bits; otherwise `err` bounds how far
+    compiled code may drift from numpy, grown op by op from the rounding of each and its gain.
+    """
+
+    expr: Expr
+    data: Array
+    exact: bool
+    err: float = 0.0  # a bound of its absolute error: how far compiled code may be from numpy
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self) -> str:
+        return str(self.data.dtype)
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOATS
+
+
+@attrs.frozen(repr=False)
+class FuzzCase:
+    """A random graph, its inputs and numpy's outputs for them (a tuple when the graph has several)."""
+
+    func: Function
+    inputs: dict[str, Array]
+    expected: tuple[Array, ...]
+    multiple: bool
+    exact: tuple[bool, ...] = ()  # per output: must compiled code give numpy's very bits (default: all)
+    errors: tuple[float, ...] = ()  # per output: the absolute error allowed where it need not
+
+    def __str__(self) -> str:
+        shapes = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.inputs.items())
+        return f"{IRModule.from_expr(self.func)}\ninputs: {shapes}"
+
+    __repr__ = __str__
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """How hypothesis prints a falsifying example: the module's text, not the attrs fields."""
+        printer.text(str(self))
+
+
+def _on_grid(data: Array) -> bool:
+    if data.size == 0:
+        return True
+    wide = data.astype(np.float64)
+    return bool(np.all(np.abs(wide) < _EXACT_LIMIT) and np.all(wide * _GRID == np.round(wide * _GRID)))
+
+
+def _size(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def _broadcast(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...] | None:
+    try:
+        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+    except ValueError:
+        return None
+
+
+class GraphBuilder:
+    """Grows a graph op by op from hypothesis draws; `build()` makes the `FuzzCase`."""
+
+    def __init__(self, draw: Draw, zero_dims: bool) -> None:
+        self.draw = draw
+        self.zero_dims = zero_dims
+        self.rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+        self.pool: list[Value] = []
+        self.params: list[Var] = []
+        self.inputs: dict[str, Array] = {}
+        self.consumed: set[int] = set()
+        self._names = 0
+
+    # --- draws -------------------------------------------------------------------------
+
+    def choose(self, options: Sequence[Any]) -> Any:
+        return self.draw(st.sampled_from(list(options)))
+
+    def integer(self, lo: int, hi: int) -> int:
+        return int(self.draw(st.integers(lo, hi)))
+
+    def flag(self) -> bool:
+        return bool(self.draw(st.booleans()))
+
+    def dim(self) -> int:
+        return int(self.choose([1, 2, 3, 4, 5, 0] if self.zero_dims else [1, 2, 3, 4, 5]))
+
+    def shape(self, min_rank: int = 0, max_rank: int = 4) -> tuple[int, ...]:
+        shape = tuple(self.dim() for _ in range(self.integer(min_rank, max_rank)))
+        while _size(shape) > _MAX_ELEMENTS // 4:  # shrink the largest dim until it is small
+            i = int(np.argmax(shape))
+            shape = (*shape[:i], shape[i] // 2, *shape[i + 1 :])
+        return shape
+
+    def pick(self, accept: Callable[[Value], bool]) -> Value | None:
+        """A value of the pool that `accept`s, or None."""
+        fits = [v for v in self.pool if accept(v)]
+        return self.choose(fits) if fits else None
+
+    # --- leaves ------------------------------------------------------------------------
+
+    def leaf(self, shape: tuple[int, ...], dtype: str) -> Value:
+        """A new input or constant of `shape` and `dtype`, filled from the grid of exact values."""
+        if dtype == "bool":
+            data: Array = self.rng.random(shape) < 0.5
+        elif dtype in FLOATS:
+            data = (self.rng.integers(-8, 9, shape) / 4).astype(dtype)
+        else:
+            data = self.rng.integers(-5, 6, shape).astype(dtype)
+        data = np.asarray(data)
+        expr: Expr
+        if self.flag():
+            expr = relay.const(data.copy(), dtype)
+        else:
+            name = f"x{self._names}"
+            self._names += 1
+            expr = relay.var(name, shape=shape, dtype=dtype)
+            assert isinstance(expr, Var)
+            self.params.append(expr)
+            self.inputs[name] = data
+        value = Value(expr, data, True)
+        self.pool.append(value)
+        return value
+
+    def new_leaf(self) -> Value:
+        return self.leaf(self.shape(), self.choose(NUMERIC))
+
+    def partner(self, v: Value, dtype: str | None = None) -> Value | None:
+        """A second operand for `v` whose shape broadcasts with v's: from the pool, or a new leaf."""
+        dtype = dtype or v.dtype
+
+        def fits(u: Value) -> bool:
+            out = _broadcast(u.shape, v.shape)
+            return u.dtype == dtype and out is not None and _size(out) <= _MAX_ELEMENTS
+
+        if self.flag():
+            found = self.pick(fits)
+            if found is not None:
+                return found
+        shape: list[int] = []
+        for d in v.shape[self.integer(0, len(v.shape)) if self.flag() else 0 :]:
+            shape.append(self.choose([d, 1]) if d != 1 else self.choose([1, self.dim()]))
+        if len(shape) < 4 and self.flag():
+            shape = [self.dim() for _ in range(self.integer(1, 4 - len(shape)))] + shape
+        out = _broadcast(shape, v.shape)
+        if out is None or _size(out) > _MAX_ELEMENTS:
+            return None
+        return self.leaf(tuple(shape), dtype)
+
+    # --- results -----------------------------------------------------------------------
+
+    def result(
+        self, expr: Expr, data: Any, inputs: Sequence[Value], exact: bool, dtype: str | None = None, gain: float = 1.0
+    ) -> Value | None:
+        """Adds `expr` (numpy value `data`) to the pool, unless its value leaves the safe range.
+
+        Args:
+            expr: the new expression.
+            data: numpy's value of it (computed wider for integers, to see overflow).
+            inputs: the values it reads.
+            exact: whether the op is exact on exact inputs (its float result is then checked on the grid).
+            dtype: the result dtype (default: the first input's).
+            gain: how much the op may magnify its inputs' absolute errors.
+
+        Returns:
+            The new value, or None when it is too large, not finite, or has too many elements.
+        """
+        dtype = dtype or inputs[0].dtype
+        wide = np.asarray(data)
+        if wide.size > _MAX_ELEMENTS:
+            return None
+        if wide.size and wide.dtype != np.bool_:
+            magnitude = float(np.max(np.abs(wide.astype(np.float64))))
+            limit = _FLOAT_LIMIT if dtype in FLOATS else _INT_LIMIT
+            if not math.isfinite(magnitude) or magnitude > limit:
+                return None
+        out = np.asarray(wide.astype(dtype))
+        is_exact = exact and all(u.exact for u in inputs) and (dtype not in FLOATS or _on_grid(out))
+        err = 0.0
+        if not is_exact and dtype in FLOATS:
+            magnitude = max([1.0] + [float(np.max(np.abs(out)))] * bool(out.size))
+            err = gain * sum(u.err for u in inputs) + _EPS[dtype] * magnitude
+        for u in inputs:
+            self.consumed.add(id(u))
+        value = Value(expr, out, is_exact, err)
+        self.pool.append(value)
+        return value
+
+    def build(self) -> FuzzCase:
+        """The function whose outputs are the values nothing consumed (and sometimes one that was)."""
+        outputs = [v for v in self.pool if id(v) not in self.consumed]
+        if len(self.pool) > 1 and self.flag():  # an output that other ops also read
+            extra = self.choose(self.pool)
+            if extra not in outputs:
+                outputs.append(extra)
+        if not outputs:  # pragma: no cover - the last value added is never consumed
+            outputs = [self.pool[-1]]
+        body: Expr = outputs[0].expr if len(outputs) == 1 else Tuple([v.expr for v in outputs])
+        func = Function(self.params, body)
+        return FuzzCase(func, dict(self.inputs), tuple(v.data for v in outputs), len(outputs) > 1,
+                        tuple(v.exact for v in outputs), tuple(v.err for v in outputs))
+
+
+# --- the ops ----------------------------------------------------------------------------------
+
+Op = Callable[[GraphBuilder], Value | None]
+
+
+def _erf(x: Array) -> Array:
+    return np.asarray(np.vectorize(math.erf, otypes=[np.float64])(x))
+
+
+def _positive(b: GraphBuilder, v: Value) -> Value:
+    """|v| + 1 (as a graph value): an operand that log, sqrt and division accept."""
+    one = np.ones((), v.dtype)
+    data = np.abs(v.data) + one
+    value = Value(relay.add(relay.abs(v.expr), relay.const(one, v.dtype)), np.asarray(data), v.exact, v.err)
+    b.consumed.add(id(v))
+    return value
+
+
+_FLOAT_UNARY: list[tuple[Callable[[Expr], Expr], Callable[[Array], Any], bool]] = [
+    # constructor, numpy function, whether it needs a positive operand
+    (relay.exp, np.exp, False),
+    (relay.sigmoid, lambda x: 1 / (1 + np.exp(-x)), False),
+    (relay.tanh, np.tanh, False),
+    (relay.erf, _erf, False),
+    (relay.sin, np.sin, False),
+    (relay.cos, np.cos, False),
+    (relay.log, np.log, True),
+    (relay.sqrt, np.sqrt, True),
+    (relay.rsqrt, lambda x: 1 / np.sqrt(x), True),
+]
+
+
+def float_unary(b: GraphBuilder) -> Value | None:
+    """exp, sigmoid, tanh, erf, sin, cos; log, sqrt, rsqrt of |x| + 1."""
+    v = b.pick(lambda u: u.is_float)
+    if v is None:
+        return None
+    make, fn, positive = b.choose(_FLOAT_UNARY)
+    arg = _positive(b, v) if positive else v
+    if make is relay.exp and arg.data.size and float(np.max(arg.data)) > 12:
+        return None
+    with np.errstate(all="ignore"):
+        data = fn(arg.data)
+    gain = max(1.0, float(np.max(data))) if make is relay.exp and data.size else 2.0
+    return b.result(make(arg.expr), data, [v], exact=False, gain=gain)
+
+
+def exact_unary(b: GraphBuilder) -> Value | None:
+    """negative, abs, relu, clip, and floor/ceil/round/sign of exact values."""
+    v = b.pick(lambda u: u.dtype != "bool")
+    if v is None:
+        return None
+    kinds = ["negative", "abs", "relu", "clip"]
+    if v.exact:
+        kinds += ["floor", "ceil", "round", "sign"] if v.is_float else ["sign"]
+    kind = b.choose(kinds)
+    if kind == "negative":
+        return b.result(relay.negative(v.expr), np.negative(v.data), [v], exact=True)
+    if kind == "abs":
+        return b.result(relay.abs(v.expr), np.abs(v.data), [v], exact=True)
+    if kind == "relu":
+        return b.result(relay.nn.relu(v.expr), np.maximum(v.data, np.zeros((), v.dtype)), [v], exact=True)
+    if kind == "clip":
+        lo = b.choose([-1.5, -1.0, 0.0, 0.25])
+        hi = lo + b.choose([0.0, 0.5, 1.0, 2.25])
+        expected = np.clip(v.data, lo, hi).astype(v.dtype)
+        return b.result(relay.clip(v.expr, lo, hi), expected, [v], exact=True)
+    fns: dict[str, Callable[[Array], Any]] = {"floor": np.floor, "ceil": np.ceil, "round": np.round, "sign": np.sign}
+    fn = fns[kind]
+    return b.result(getattr(relay, kind)(v.expr), fn(v.data), [v], exact=True)
+
+
+def _int_wide(data: Array) -> Array:
+    return data.astype(np.int64) if data.dtype == np.int32 else data
+
+
+def binary(b: GraphBuilder) -> Value | None:
+    """add ... floor_mod with broadcasting; divisors are made positive."""
+    v = b.pick(lambda u: u.dtype != "bool")
+    if v is None:
+        return None
+    kinds = ["add", "subtract", "multiply", "maximum", "minimum", "divide", "power"]
+    if v.exact or not v.is_float:
+        kinds += ["floor_divide", "floor_mod"]
+    kind = b.choose(kinds)
+    if kind == "power" and not v.is_float:
+        kind = "multiply"
+    w = b.partner(v)
+    if w is None:
+        return None
+    lhs, rhs = v, w
+    if b.flag() and kind not in ("divide", "floor_divide", "floor_mod", "power"):
+        lhs, rhs = w, v
+    if kind in ("divide", "floor_divide", "floor_mod") or kind == "power":
+        rhs = _positive(b, w) if kind != "power" else w
+        if kind == "power":
+            # a positive base and a small exponent keep the result finite and real
+            lhs = _positive(b, v)
+            if w.data.size and float(np.max(np.abs(w.data))) > 3:
+                return None
+            if lhs.data.size and float(np.max(lhs.data)) > 16:
+                return None
+    x, y = _int_wide(lhs.data), _int_wide(rhs.data)
+    with np.errstate(all="ignore"):
+        if kind == "divide":
+            data = np.trunc(x / y).astype(np.int64) if not v.is_float else x / y
+        elif kind == "floor_divide":
+            data = np.floor_divide(x, y) if not v.is_float else np.floor(x / y)
+        elif kind == "floor_mod":
+            data = np.mod(x, y)
+        else:
+            data = getattr(np, kind)(x, y)
+    exact = kind in ("add", "subtract", "multiply", "maximum", "minimum", "floor_divide", "floor_mod")
+    if kind == "multiply" and v.is_float:
+        exact = bool(np.array_equal(np.multiply(lhs.data.astype(np.float64), rhs.data), data))
+    expr = getattr(relay, kind)(lhs.expr, rhs.expr)
+    gain = 1.0
+    if kind in ("multiply", "divide", "power") and x.size and y.size:
+        gain = max(1.0, float(np.max(np.abs(x))), float(np.max(np.abs(y))))
+        gain *= 4.0 * max(1.0, float(np.max(np.abs(data)))) if kind == "power" else 1.0
+    return b.result(expr, data, [v, w], exact=exact or not v.is_float, dtype=v.dtype, gain=gain)
+
+
+def compare(b: GraphBuilder) -> Value | None:
+    """equal ... greater_equal of exact values, then maybe where, logical_not/and/or."""
+    v = b.pick(lambda u: u.exact and u.dtype != "bool")
+    if v is None:
+        return None
+    w = b.partner(v)
+    if w is None or not w.exact:
+        return None
+    kind = b.choose(["less", "greater", "equal", "not_equal", "less_equal", "greater_equal"])
+    cond = b.result(getattr(relay, kind)(v.expr, w.expr), getattr(np, kind)(v.data, w.data), [v, w], True, "bool")
+    if cond is None:
+        return None
+    then = b.choose(["done", "where", "not", "and", "or"])
+    if then == "done":
+        return cond
+    if then == "not":
+        return b.result(relay.logical_not(cond.expr), np.logical_not(cond.data), [cond], True)
+    if then in ("and", "or"):
+        other = b.pick(lambda u: u.dtype == "bool" and _broadcast(u.shape, cond.shape) is not None)
+        assert other is not None  # cond itself
+        fn = np.logical_and if then == "and" else np.logical_or
+        make = relay.logical_and if then == "and" else relay.logical_or
+        return b.result(make(cond.expr, other.expr), fn(cond.data, other.data), [cond, other], True)
+    x = b.partner(cond, b.choose(NUMERIC))
+    if x is None:
+        return None
+    y = b.partner(x)
+    if y is None or _broadcast(_broadcast(x.shape, y.shape) or (), cond.shape) is None:
+        return None
+    data = np.where(cond.data, x.data, y.data)
+    if data.size > _MAX_ELEMENTS:
+        return None
+    return b.result(relay.where(cond.expr, x.expr, y.expr), data, [cond, x, y], True, x.dtype)
+
+
+def cast(b: GraphBuilder) -> Value | None:
+    """A cast between float32, float64, int32 and from bool; to int only from exact floats."""
+    v = b.pick(lambda u: True)
+    if v is None:
+        return None
+    targets = [d for d in NUMERIC if d != v.dtype and (d in FLOATS or not v.is_float or v.exact)]
+    if not targets:
+        return None
+    dtype = b.choose(targets)
+    return b.result(relay.cast(v.expr, dtype), v.data.astype(dtype), [v], True, dtype)
+
+
+def reduction(b: GraphBuilder) -> Value | None:
+    """sum, mean, max, min, prod over some axes, with keepdims and exclude."""
+    v = b.pick(lambda u: u.dtype != "bool")
+    if v is None:
+        return None
+    kind = b.choose(["sum", "mean", "max", "min", "prod"])
+    axis: list[int] | None = None
+    exclude = False
+    if v.data.ndim and b.flag():
+        picked = sorted({b.integer(0, v.data.ndim - 1) for _ in range(b.integer(1, v.data.ndim))})
+        axis = [a - v.data.ndim if b.flag() else a for a in picked]
+        exclude = b.flag()
+    keepdims = b.flag()
+    ndim = v.data.ndim
+    axes = list(range(ndim)) if axis is None else sorted(a % ndim for a in axis)
+    if exclude and axis is not None:
+        axes = [a for a in range(ndim) if a not in axes]
+    count = _size([v.shape[a] for a in axes])
+    if kind in ("max", "min") and count == 0:
+        return None  # numpy and the type relation refuse the max of nothing
+    if kind == "mean" and count == 0 and not v.is_float:
+        return None  # the integer mean of nothing is undefined
+    if kind == "prod" and v.data.size and count and float(np.max(np.abs(v.data))) ** count > _FLOAT_LIMIT:
+        return None
+    wide = _int_wide(v.data)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the mean of an empty axis is NaN, as it should be
+        data = getattr(np, kind)(wide, axis=tuple(axes), keepdims=keepdims)
+        if kind == "mean" and not v.is_float:
+            data = np.trunc(data)
+    exact = kind in ("max", "min") or not v.is_float
+    if kind == "sum" and v.is_float:
+        bound = np.sum(np.abs(v.data.astype(np.float64)), axis=tuple(axes))
+        exact = not np.asarray(bound).size or float(np.max(bound)) < _EXACT_LIMIT
+    expr = getattr(relay, kind)(v.expr, axis=axis, keepdims=keepdims, exclude=exclude)
+    gain = {"sum": float(count), "prod": count * max(1.0, float(np.max(np.abs(v.data))) if v.data.size else 1.0)
+            ** max(count - 1, 0)}.get(kind, 1.0)
+    value = b.result(expr, data, [v], exact=exact, dtype=v.dtype, gain=gain)
+    if value is not None and kind == "mean" and count == 0:
+        value.exact = False  # NaN: nothing may compare or cast it
+    return value
+
+
+def _factor(b: GraphBuilder, size: int) -> list[int]:
+    """A random shape with `size` elements."""
+    if size == 0:
+        dims = [b.dim() or 1 for _ in range(b.integer(0, 3))]
+        dims.insert(b.integer(0, len(dims)), 0)
+        return dims
+    dims = []
+    rest = size
+    for p in (2, 3, 5, 7, 11, 13):
+        while rest % p == 0:
+            rest //= p
+            dims.append(p)
+    if rest > 1:
+        dims.append(rest)
+    out: list[int] = []
+    for p in dims:
+        if out and b.flag():
+            out[-1] *= p
+        else:
+            out.append(p)
+    for _ in range(b.integer(0, 2)):
+        out.insert(b.integer(0, len(out)), 1)
+    return out
+
+
+def layout(b: GraphBuilder) -> Value | None:
+    """reshape, transpose, expand_dims, squeeze, strided_slice."""
+    v = b.pick(lambda u: True)
+    if v is None:
+        return None
+    kind = b.choose(["reshape", "transpose", "expand_dims", "squeeze", "strided_slice"])
+    ndim = v.data.ndim
+    if kind == "reshape":
+        shape = _factor(b, v.data.size)
+        newshape = list(shape)
+        if v.data.size and newshape and b.flag():
+            newshape[b.integer(0, len(newshape) - 1)] = -1
+        # a 0 in newshape copies the input's dim unless allowzero says it means a dim of size 0
+        expr = relay.reshape(v.expr, newshape, allowzero=0 in newshape)
+        return b.result(expr, v.data.reshape(shape), [v], True)
+    if kind == "transpose":
+        axes = list(b.draw(st.permutations(list(range(ndim))))) if b.flag() else None
+        return b.result(relay.transpose(v.expr, axes), np.transpose(v.data, axes), [v], True)
+    if kind == "expand_dims":
+        if ndim >= 5:
+            return None
+        axis = b.integer(-ndim - 1, ndim)
+        count = b.integer(0, 2)
+        data = v.data
+        at = axis if axis >= 0 else ndim + 1 + axis
+        for _ in range(count):
+            data = np.expand_dims(data, at)
+        return b.result(relay.expand_dims(v.expr, axis, count), data, [v], True)
+    if kind == "squeeze":
+        ones = [a for a in range(ndim) if v.shape[a] == 1]
+        if not ones:
+            return None
+        if b.flag():
+            return b.result(relay.squeeze(v.expr), np.squeeze(v.data), [v], True)
+        picked = sorted({b.choose(ones) for _ in range(b.integer(1, len(ones)))})
+        return b.result(relay.squeeze(v.expr, picked), np.squeeze(v.data, tuple(picked)), [v], True)
+    if ndim == 0:
+        return None
+    axes = sorted({b.integer(0, ndim - 1) for _ in range(b.integer(1, ndim))})
+    begin, end, strides = [], [], []
+    for a in axes:
+        d = v.shape[a]
+        stride = b.choose([1, 2, -1, 3, -2])
+        begin.append(b.integer(-d - 1, d + 1))
+        end.append(b.choose([b.integer(-d - 1, d + 1), 2**31 - 1 if stride > 0 else -(2**31)]))
+        strides.append(stride)
+    index: list[slice] = [slice(None)] * ndim
+    for a, lo, hi, st_ in zip(axes, begin, end, strides, strict=True):
+        index[a] = slice(lo, hi, st_)
+    data = np.array(v.data[tuple(index)])
+    return b.result(relay.strided_slice(v.expr, begin, end, strides, axes), data, [v], True)
+
+
+def _alike(b: GraphBuilder, v: Value, shape: tuple[int, ...]) -> Value:
+    """A value of the pool with `shape` and v's dtype, or a new leaf."""
+    found = b.pick(lambda u: u.shape == shape and u.dtype == v.dtype) if b.flag() else None
+    return found or b.leaf(shape, v.dtype)
+
+
+def join(b: GraphBuilder) -> Value | None:
+    """concatenate of values alike but on one axis; split into a tuple and some of its fields."""
+    v = b.pick(lambda u: u.data.ndim > 0)
+    if v is None:
+        return None
+    axis = b.integer(0, v.data.ndim - 1)
+    if b.flag():
+        parts = [v]
+        for _ in range(b.integer(0, 2)):
+            parts.append(_alike(b, v, (*v.shape[:axis], b.dim(), *v.shape[axis + 1 :])))
+        data = np.concatenate([p.data for p in parts], axis=axis)
+        signed = axis - v.data.ndim if b.flag() else axis
+        return b.result(relay.concatenate([p.expr for p in parts], signed), data, parts, True)
+    d = v.shape[axis]
+    sections: int | list[int]
+    if b.flag():
+        sections = b.choose([n for n in range(1, 5) if d % n == 0])
+        pieces = np.split(v.data, sections, axis=axis)
+    else:
+        if d == 0:
+            return None
+        sections = sorted({b.integer(1, d) for _ in range(b.integer(1, 3))})
+        pieces = np.split(v.data, sections, axis=axis)
+    whole = relay.split(v.expr, sections, axis)
+    b.consumed.add(id(v))
+    picked = sorted({b.integer(0, len(pieces) - 1) for _ in range(b.integer(1, len(pieces)))})
+    last = None
+    for i in picked:
+        last = b.result(TupleGetItem(whole, i), pieces[i], [v], True)
+    return last
+
+
+def product(b: GraphBuilder) -> Value | None:
+    """dense (..., K) x (N, K) or matmul (..., M, K) x (..., K, N) with broadcast batch dims."""
+    v = b.pick(lambda u: u.dtype != "bool" and u.data.ndim >= 1)
+    if v is None:
+        return None
+    k = v.shape[-1]
+    n = b.dim()
+    if b.flag() or v.data.ndim < 2:
+        w = b.pick(lambda u: u.shape == (n, k) and u.dtype == v.dtype) or b.leaf((n, k), v.dtype)
+        x, y = _int_wide(v.data), _int_wide(w.data)
+        data = np.matmul(x, y.T)
+        bound = np.matmul(np.abs(x.astype(np.float64)), np.abs(y.astype(np.float64)).T)
+        expr: Expr = relay.nn.dense(v.expr, w.expr)
+    else:
+        transpose_a, transpose_b = b.flag(), b.flag()
+        a_data = np.swapaxes(v.data, -1, -2) if transpose_a else v.data
+        k = a_data.shape[-1]
+        batch = [b.choose([d, 1]) for d in v.shape[:-2]][b.integer(0, v.data.ndim - 2) :]
+        shape = (*batch, n, k) if transpose_b else (*batch, k, n)
+        w = b.leaf(tuple(shape), v.dtype)
+        b_data = np.swapaxes(w.data, -1, -2) if transpose_b else w.data
+        data = np.matmul(_int_wide(a_data), _int_wide(b_data))
+        bound = np.matmul(np.abs(a_data.astype(np.float64)), np.abs(b_data.astype(np.float64)))
+        expr = relay.nn.matmul(v.expr, w.expr, transpose_a, transpose_b)
+    # partial sums in any order stay on the grid below the limit, so float results are exact too
+    exact = not bound.size or float(np.max(bound)) < _EXACT_LIMIT
+    gain = max(1, k) * max([1.0] + [float(np.max(np.abs(u.data))) for u in (v, w) if u.data.size])
+    return b.result(expr, data, [v, w], exact, v.dtype, gain=gain)
+
+
+def softmax(b: GraphBuilder) -> Value | None:
+    """softmax and log_softmax over one axis of a float value."""
+    v = b.pick(lambda u: u.is_float and u.data.ndim > 0)
+    if v is None:
+        return None
+    axis = b.integer(-v.data.ndim, v.data.ndim - 1)
+    log = b.flag()
+    x = v.data
+    with np.errstate(all="ignore"):
+        if x.shape[axis] == 0:
+            data = x.copy()
+        else:
+            shifted = x - np.max(x, axis=axis, keepdims=True)
+            total = np.sum(np.exp(shifted), axis=axis, keepdims=True)
+            data = shifted - np.log(total) if log else np.exp(shifted) / total
+    make = relay.nn.log_softmax if log else relay.nn.softmax
+    return b.result(make(v.expr, axis), data, [v], exact=False, gain=2.0)
+
+
+def tuple_item(b: GraphBuilder) -> Value | None:
+    """A tuple of two or three values and one of its fields (a value read through a tuple)."""
+    fields = [b.choose(b.pool) for _ in range(b.integer(2, 3))]
+    i = b.integer(0, len(fields) - 1)
+    item = TupleGetItem(Tuple([f.expr for f in fields]), i)
+    return b.result(item, fields[i].data, [fields[i]], True, fields[i].dtype)
+
+
+OPS: dict[str, Op] = {
+    "binary": binary,
+    "exact_unary": exact_unary,
+    "float_unary": float_unary,
+    "reduction": reduction,
+    "layout": layout,
+    "join": join,
+    "compare": compare,
+    "cast": cast,
+    "product": product,
+    "softmax": softmax,
+    "tuple_item": tuple_item,
+    "leaf": lambda b: b.new_leaf(),
+}
+
+
+@st.composite
+def relay_graphs(draw: Draw, max_ops: int = 12, zero_dims: bool = True, ops: Sequence[str] | None = None) -> FuzzCase:
+    """A hypothesis strategy of random well-typed Relay graphs with their inputs and numpy's outputs.
+
+    Args:
+        draw: hypothesis's draw (given by `st.composite`).
+        max_ops: the most op steps drawn (a step may add a few calls).
+        zero_dims: whether shapes may have dims of size 0.
+        ops: the names of the op families to draw from (default: all of `OPS`).
+
+    Returns:
+        A `FuzzCase`.
+    """
+    b = GraphBuilder(draw, zero_dims)
+    names = list(ops or OPS)
+    b.new_leaf()
+    for _ in range(draw(st.integers(1, max_ops))):
+        OPS[b.choose(names)](b)
+    return b.build()
+
+
+# --- checking ---------------------------------------------------------------------------------
+
+
+def _flat(value: Any) -> list[Array]:
+    if isinstance(value, (tuple, list)):
+        return [a for v in value for a in _flat(v)]
+    return [np.asarray(value)]
+
+
+def _differ(name: str, got: Array, want: Array, exact: bool = True, err: float = 0.0) -> str | None:
+    """Why `got` is not `want` (shape, dtype, bits where `exact`, else values beyond `err`), or None."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{name}: {got.dtype}{list(got.shape)} where {want.dtype}{list(want.shape)} was expected"
+    if got.size == 0:
+        return None
+    if exact or want.dtype.kind in "biu":
+        if np.array_equal(got, want, equal_nan=want.dtype.kind == "f"):
+            return None
+        bad = int(np.sum(got != want))
+        return f"{name}: {bad} of {want.size} elements differ\n  got  {got.ravel()[:8]}\n  want {want.ravel()[:8]}"
+    if not np.array_equal(np.isnan(got), np.isnan(want)):
+        return f"{name}: NaN in different places\n  got  {got.ravel()[:8]}\n  want {want.ravel()[:8]}"
+    # four times the estimate: an estimate of rounding, not a proof
+    if np.allclose(got, want, rtol=4 * _EPS[str(want.dtype)], atol=4 * err, equal_nan=True):
+        return None
+    worst = float(np.nanmax(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+    shown = f"\n  got  {got.ravel()[:8]}\n  want {want.ravel()[:8]}"
+    return f"{name}: max abs error {worst:.3g} (allowed {4 * err:.3g}){shown}"
+
+
+def check_case(case: FuzzCase, target: str = "llvm") -> None:
+    """Builds `case.func`, runs it, and asserts its outputs equal the interpreter's and numpy's.
+
+    Raises:
+        AssertionError: naming the output and how it differs, with the graph printed.
+    """
+    mod = IRModule.from_expr(case.func)
+    inputs = {k: v.copy() for k, v in case.inputs.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        reference = relay.create_executor("debug", mod)(**inputs)
+    got = relay.build(case.func, target=target).create_executor()(**inputs)
+    got_flat, ref_flat = _flat(got), _flat(reference)
+    problems = []
+    if len(got_flat) != len(case.expected) or len(ref_flat) != len(case.expected):
+        problems.append(
+            f"{len(got_flat)} compiled and {len(ref_flat)} reference outputs where {len(case.expected)} were expected"
+        )
+    else:
+        exact = case.exact or (True,) * len(case.expected)
+        errors = case.errors or (0.0,) * len(case.expected)
+        for i, want in enumerate(case.expected):
+            for who, value in (("compiled", got_flat[i]), ("interpreter", ref_flat[i])):
+                why = _differ(f"output {i} ({who} vs numpy)", np.asarray(value), want, exact[i], errors[i])
+                if why:
+                    problems.append(why)
+    if problems:
+        raise AssertionError("\n".join(problems) + f"\n\n{case}")
+
+
+def run_fuzz(
+    max_examples: int = 100,
+    seconds: float = 0.0,
+    zero_dims: bool = True,
+    derandomize: bool = True,
+    max_ops: int = 12,
+    random_seed: int | None = None,
+    progress: str | None = None,
+) -> int:
+    """Checks `max_examples` random graphs (or keeps going for `seconds`); returns how many ran.
+
+    Args:
+        max_examples: the examples per hypothesis run.
+        seconds: when > 0, hypothesis runs with fresh seeds are repeated until this many seconds pass.
+        zero_dims: whether shapes may have dims of size 0.
+        derandomize: a fixed sequence of examples (the first run only, when `seconds` repeats runs).
+        max_ops: the most op steps per graph.
+        random_seed: the seed of the first run when not derandomized.
+        progress: a file that holds the graph being checked, so a case that kills the process is known.
+
+    Raises:
+        AssertionError: for the first failing graph hypothesis finds (shrunk), printed.
+    """
+    count = 0
+
+    def once(derandom: bool, run_seed: int | None) -> None:
+        nonlocal count
+
+        @settings(
+            max_examples=max_examples, deadline=None, derandomize=derandom, database=None,
+            suppress_health_check=list(HealthCheck), print_blob=False,
+        )
+        @given(relay_graphs(max_ops=max_ops, zero_dims=zero_dims))
+        def fuzz(case: FuzzCase) -> None:
+            nonlocal count
+            count += 1
+            if progress is not None:
+                with open(progress, "w", encoding="utf-8") as f:
+                    f.write(f"graph {count}:\n{case}\n")
+            check_case(case)
+
+        if run_seed is not None:
+            seed(run_seed)(fuzz)
+        fuzz()
+
+    start = time.monotonic()
+    once(derandomize, random_seed)
+    rng = np.random.default_rng(random_seed)
+    while seconds > 0 and time.monotonic() - start < seconds:
+        run_seed = int(rng.integers(0, 2**31))
+        print(f"fuzz: {count} graphs so far; next run seed {run_seed}", file=sys.stderr, flush=True)
+        once(False, run_seed)
+    return count
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m kiln.testing.fuzz`: fuzz relay.build for a number of examples or seconds."""
+    parser = argparse.ArgumentParser(prog="python -m kiln.testing.fuzz", description=main.__doc__)
+    parser.add_argument("--examples", type=int, default=100, help="examples per hypothesis run")
+    parser.add_argument("--seconds", type=float, default=0.0, help="repeat runs with new seeds this long")
+    parser.add_argument("--no-zero-dims", action="store_true", help="no dims of size 0")
+    parser.add_argument("--random", action="store_true", help="a random first run rather than the fixed one")
+    parser.add_argument("--seed", type=int, default=None, help="the seed of the first random run")
+    parser.add_argument("--max-ops", type=int, default=12, help="the most op steps per graph")
+    parser.add_argument("--progress", default=None, help="a file to hold the graph being checked")
+    args = parser.parse_args(argv)
+    count = run_fuzz(
+        args.examples, args.seconds, not args.no_zero_dims, not args.random, args.max_ops, args.seed, args.progress
+    )
+    print(f"fuzz: {count} graphs compiled and checked, no difference found")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
