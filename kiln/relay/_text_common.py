@@ -197,22 +197,52 @@ def shape_text(shape: Sequence[Any]) -> str:
     return f"({dims},)" if len(shape) == 1 else f"({dims})"
 
 
-def type_text(t: Type) -> str:
-    """A type as the text format writes it (incomplete types print `?`, with no id)."""
-    if isinstance(t, TensorType):
-        return f"Tensor[{shape_text(t.shape)}, {t.dtype}]"
-    if isinstance(t, TupleType):
-        inner = ", ".join(type_text(f) for f in t.fields)
-        return f"({inner},)" if len(t.fields) == 1 else f"({inner})"
-    if isinstance(t, FuncType):
-        params = f"<{', '.join(p.name for p in t.type_params)}>" if t.type_params else ""
-        args = ", ".join(type_text(a) for a in t.arg_types)
-        return f"fn {params}({args}) -> {type_text(t.ret_type)}"
-    if isinstance(t, TypeVar):
-        return t.name
-    if isinstance(t, IncompleteType):
-        return "?"
-    return str(t)
+def type_text(t: Type, limit: int | None = None) -> str:
+    """A type as the text format writes it (incomplete types print `?`, with no id).
+
+    Written with an explicit stack: a tuple type nests as deep as the tuples of the
+    graph. With `limit`, the text stops after about that many characters, ending in `...`
+    (for comments, which nothing reads back).
+    """
+    out: list[str] = []
+    size = 0
+    # items: a type to write, or a literal string
+    stack: list[Type | str] = [t]
+    while stack:
+        if limit is not None and size > limit:
+            out.append("...")
+            break
+        cur = stack.pop()
+        if isinstance(cur, str):
+            piece = cur
+        elif isinstance(cur, TensorType):
+            piece = f"Tensor[{shape_text(cur.shape)}, {cur.dtype}]"
+        elif isinstance(cur, TupleType):
+            parts: list[Type | str] = ["("]
+            for n, f in enumerate(cur.fields):
+                parts.extend([", "] if n else [])
+                parts.append(f)
+            parts.append(",)" if len(cur.fields) == 1 else ")")
+            stack.extend(reversed(parts))
+            continue
+        elif isinstance(cur, FuncType):
+            params = f"<{', '.join(p.name for p in cur.type_params)}>" if cur.type_params else ""
+            parts = [f"fn {params}("]
+            for n, a in enumerate(cur.arg_types):
+                parts.extend([", "] if n else [])
+                parts.append(a)
+            parts.extend([") -> ", cur.ret_type])
+            stack.extend(reversed(parts))
+            continue
+        elif isinstance(cur, TypeVar):
+            piece = cur.name
+        elif isinstance(cur, IncompleteType):
+            piece = "?"
+        else:
+            piece = str(cur)
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
 
 
 # ---------------------------------------------------------------------------

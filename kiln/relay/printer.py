@@ -32,6 +32,7 @@ import attrs as attrs_lib
 
 from kiln.ir.attrs import Attrs
 from kiln.ir.module import IRModule
+from kiln.ir.types import TupleType, Type
 from kiln.registry import Op
 from kiln.relay._text_common import (
     METADATA_HEADER,
@@ -57,6 +58,7 @@ from kiln.relay.visitor import post_order
 
 _INDENT = "  "
 _ATOMS = (Var, GlobalVar, Constant)
+_TYPE_COMMENT_LIMIT = 400  # characters of a `/* ty=... */` comment before it ends in `...`
 
 # A generator of output: each item is a finished line (its text and the nodes it binds) or a generator to run first.
 _Emit = Iterator["tuple[str, tuple[Expr, ...]] | _Emit"]
@@ -192,6 +194,7 @@ class _FunctionPrinter:
         self.free: list[Var] = []  # vars used but bound nowhere in `root`, declared by `free_var` lines
         self.literals: dict[int, str | None] = {}  # id(Constant) -> its inline text, None for metadata
         self._output: list[str] | None = None
+        self.type_texts: dict[int, tuple[Type, str]] = {}  # id(type) -> (type, its comment text)
         self._analyse()
 
     # --- analysis -----------------------------------------------------------------
@@ -284,7 +287,10 @@ class _FunctionPrinter:
         return self.var_name(var) + ("" if ann is None else f": {type_text(ann)}")
 
     def _ty(self, node: Expr) -> str:
-        return f" /* ty={type_text(node.checked_type)} */" if self.show_types and node.has_type else ""
+        # a comment, so long types are cut short: a 10,000-deep tuple would print its whole type per node
+        if not (self.show_types and node.has_type):
+            return ""
+        return f" /* ty={_type_comment(node.checked_type, self.type_texts)} */"
 
     def _inline(self, node: Expr) -> str:
         if isinstance(node, Call):
@@ -400,6 +406,33 @@ class _FunctionPrinter:
             yield f"{pad}}}{self._ty(node)};", ()
         else:
             yield f"{pad}{prefix}{self._inline(node)}{self._ty(node)};", marks
+
+
+def _type_comment(t: Type, cache: dict[int, tuple[Type, str]]) -> str:
+    """`type_text(t)`, cut after about `_TYPE_COMMENT_LIMIT` characters, for a `/* ty=... */` comment.
+
+    Each type's text is made once per printer from its parts' (cut) texts: the types of a
+    graph of nested tuples nest as deep as it, and each node's type contains the last one's.
+    """
+    stack: list[tuple[Type, bool]] = [(t, False)]
+    while stack:
+        cur, ready = stack.pop()
+        if id(cur) in cache:
+            continue
+        parts = list(cur.fields) if isinstance(cur, TupleType) else []
+        if not ready and parts:
+            stack.append((cur, True))
+            stack.extend((p, False) for p in parts if id(p) not in cache)
+            continue
+        if isinstance(cur, TupleType):
+            inner = ", ".join(cache[id(p)][1] for p in parts)
+            text = f"({inner},)" if len(parts) == 1 else f"({inner})"
+        else:
+            text = type_text(cur, _TYPE_COMMENT_LIMIT)
+        if len(text) > _TYPE_COMMENT_LIMIT:
+            text = text[:_TYPE_COMMENT_LIMIT] + "..."
+        cache[id(cur)] = (cur, text)
+    return cache[id(t)][1]
 
 
 def _print_order(root: Expr) -> list[Expr]:

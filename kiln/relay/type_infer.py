@@ -80,59 +80,132 @@ class _Relation:
 
 
 class _Solver:
-    """Union-find over IncompleteTypes, with structural unification."""
+    """Union-find over IncompleteTypes, with structural unification.
+
+    Types nest as deep as the tuples of a graph (a tuple of a tuple of ... 10,000
+    deep): every walk here uses an explicit stack, and types found complete are
+    remembered (they never change), so resolving a deep type again costs nothing.
+    """
 
     def __init__(self) -> None:
         self.parent: dict[int, Type] = {}
+        self.complete: dict[int, Type] = {}  # id -> type, for types without an IncompleteType
+
+    def find(self, t: Type) -> Type:
+        """The representative of `t`'s class (itself unless it is a solved IncompleteType)."""
+        seen = []
+        cur = t
+        while isinstance(cur, IncompleteType) and id(cur) in self.parent:
+            seen.append(cur)
+            cur = self.parent[id(cur)]
+        for x in seen:  # path compression
+            self.parent[id(x)] = cur
+        return cur
+
+    def is_complete(self, t: Type) -> bool:
+        """Whether `t` (resolved) contains no IncompleteType."""
+        return id(t) in self.complete
+
+    def _kids(self, t: Type) -> list[Type]:
+        if isinstance(t, IncompleteType):
+            root = self.find(t)
+            return [] if isinstance(root, IncompleteType) else [root]
+        if isinstance(t, TupleType):
+            return list(t.fields)
+        if isinstance(t, FuncType):
+            return [*t.arg_types, t.ret_type]
+        return []
 
     def resolve(self, t: Type) -> Type:
         """`t` with every solved IncompleteType replaced by its solution."""
-        if isinstance(t, IncompleteType):
-            seen = []
-            cur: Type = t
-            while isinstance(cur, IncompleteType) and id(cur) in self.parent:
-                seen.append(cur)
-                cur = self.parent[id(cur)]
-            for s in seen:  # path compression
-                self.parent[id(s)] = cur
-            return cur if isinstance(cur, IncompleteType) else self.resolve(cur)
-        if isinstance(t, TupleType):
-            fields = tuple(self.resolve(f) for f in t.fields)
-            return t if all(a is b for a, b in zip(fields, t.fields, strict=True)) else TupleType(fields)
-        if isinstance(t, FuncType):
-            return FuncType([self.resolve(a) for a in t.arg_types], self.resolve(t.ret_type), t.type_params)
-        return t
+        known = self.complete
+        if id(t) in known:
+            return t
+        done: dict[int, Type] = {}
+        stack: list[tuple[Type, bool]] = [(t, False)]
+        while stack:
+            x, ready = stack.pop()
+            if id(x) in known:
+                done[id(x)] = x
+                continue
+            if not ready and id(x) in done:
+                continue
+            kids = self._kids(x)
+            todo = [k for k in kids if id(k) not in done and id(k) not in known]
+            if not ready and todo:
+                stack.append((x, True))
+                stack.extend((k, False) for k in reversed(todo))
+                continue
+            new = [done.get(id(k), k) for k in kids]
+            same = all(a is b for a, b in zip(new, kids, strict=True))
+            out: Type
+            if isinstance(x, IncompleteType):
+                out = new[0] if new else self.find(x)
+            elif isinstance(x, TupleType):
+                out = x if same else TupleType(tuple(new))
+            elif isinstance(x, FuncType):
+                out = x if same else FuncType(new[:-1], new[-1], x.type_params)
+            else:
+                out = x
+            done[id(x)] = out
+            if isinstance(out, (TupleType, FuncType)):
+                if all(id(k) in known for k in self._kids(out)):
+                    known[id(out)] = out
+            elif not isinstance(out, IncompleteType) and is_complete(out):
+                known[id(out)] = out
+        return done[id(t)]
 
     def unify(self, a: Type, b: Type) -> Type:
         """Makes `a` and `b` the same type; raises _UnifyError saying how they differ."""
-        a, b = self.resolve(a), self.resolve(b)
-        if a is b:
-            return a
-        if isinstance(a, IncompleteType):
-            self.parent[id(a)] = b
-            return b
-        if isinstance(b, IncompleteType):
-            self.parent[id(b)] = a
-            return a
-        if isinstance(a, TensorType) and isinstance(b, TensorType):
-            if a.dtype != b.dtype:
-                raise _UnifyError(f"expected dtype {a.dtype}, found {b.dtype}")
-            if len(a.shape) != len(b.shape):
-                raise _UnifyError(f"expected {a}, found {b} (rank {len(a.shape)} against {len(b.shape)})")
-            dims = [_unify_dim(x, y, a, b) for x, y in zip(a.shape, b.shape, strict=True)]
-            return a if dims == list(a.shape) else TensorType(tuple(dims), a.dtype)
-        if isinstance(a, TupleType) and isinstance(b, TupleType):
-            if len(a.fields) != len(b.fields):
-                raise _UnifyError(f"expected a tuple of {len(a.fields)}, found one of {len(b.fields)}")
-            return TupleType([self.unify(x, y) for x, y in zip(a.fields, b.fields, strict=True)])
-        if isinstance(a, FuncType) and isinstance(b, FuncType):
-            if len(a.arg_types) != len(b.arg_types):
-                raise _UnifyError(f"expected a function of {len(a.arg_types)} arguments, found {len(b.arg_types)}")
-            args = [self.unify(x, y) for x, y in zip(a.arg_types, b.arg_types, strict=True)]
-            return FuncType(args, self.unify(a.ret_type, b.ret_type))
-        if a == b:
-            return a
-        raise _UnifyError(f"expected {a}, found {b}")
+        results: list[Type] = []
+        # work items: ("pair", a, b) unifies two types; ("tuple", n) / ("func", n) rebuild from n results
+        work: list[tuple[str, Any, Any]] = [("pair", a, b)]
+        while work:
+            kind, x, y = work.pop()
+            if kind == "tuple":
+                fields = results[len(results) - x:]
+                del results[len(results) - x:]
+                results.append(TupleType(fields))
+                continue
+            if kind == "func":
+                parts = results[len(results) - x:]
+                del results[len(results) - x:]
+                results.append(FuncType(parts[:-1], parts[-1]))
+                continue
+            x, y = self.find(x), self.find(y)
+            if x is y:
+                results.append(x)
+            elif isinstance(x, IncompleteType):
+                self.parent[id(x)] = y
+                results.append(y)
+            elif isinstance(y, IncompleteType):
+                self.parent[id(y)] = x
+                results.append(x)
+            elif isinstance(x, TensorType) and isinstance(y, TensorType):
+                if x.dtype != y.dtype:
+                    raise _UnifyError(f"expected dtype {x.dtype}, found {y.dtype}")
+                if len(x.shape) != len(y.shape):
+                    raise _UnifyError(f"expected {x}, found {y} (rank {len(x.shape)} against {len(y.shape)})")
+                dims = [_unify_dim(p, q, x, y) for p, q in zip(x.shape, y.shape, strict=True)]
+                results.append(x if dims == list(x.shape) else TensorType(tuple(dims), x.dtype))
+            elif isinstance(x, TupleType) and isinstance(y, TupleType):
+                if len(x.fields) != len(y.fields):
+                    raise _UnifyError(f"expected a tuple of {len(x.fields)}, found one of {len(y.fields)}")
+                work.append(("tuple", len(x.fields), None))
+                work.extend(("pair", p, q) for p, q in reversed(list(zip(x.fields, y.fields, strict=True))))
+            elif isinstance(x, FuncType) and isinstance(y, FuncType):
+                if len(x.arg_types) != len(y.arg_types):
+                    raise _UnifyError(
+                        f"expected a function of {len(x.arg_types)} arguments, found {len(y.arg_types)}"
+                    )
+                pairs = [*zip(x.arg_types, y.arg_types, strict=True), (x.ret_type, y.ret_type)]
+                work.append(("func", len(pairs), None))
+                work.extend(("pair", p, q) for p, q in reversed(pairs))
+            elif x == y:
+                results.append(x)
+            else:
+                raise _UnifyError(f"expected {x}, found {y}")
+        return results[0]
 
 
 def _unify_dim(x: Dim, y: Dim, a: TensorType, b: TensorType) -> Dim:
@@ -300,7 +373,7 @@ class _Inferencer:
             return
         for node in self.nodes:
             t = self.solver.resolve(self.types[id(node)])
-            if not is_complete(t):
+            if not self.solver.is_complete(t):
                 if isinstance(node, Var):
                     self.error(node, f"cannot infer the type of %{node.name_hint}: annotate it")
                 continue
