@@ -155,7 +155,8 @@ def secret() -> bytes:
     except OSError as exc:
         raise TrustSetupError(
             f"cannot read or create kiln's secret key file {str(path)!r} ({exc.strerror or exc}); "
-            "set KILN_SECRET_FILE to a file in a folder of yours"
+            "set KILN_SECRET_FILE to a file in a folder of yours (KILN_CACHE=0 builds without the disk cache, "
+            "which needs no key)"
         ) from exc
 
 
