@@ -145,6 +145,13 @@ def test_key_file_of_wrong_length_is_refused(own_key: Path) -> None:
         trust.sign(b"x")
 
 
+def test_key_file_that_cannot_be_created_is_kilns_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("KILN_SECRET_FILE", str(tmp_path / "a-file" / "secret.key"))
+    with pytest.raises(trust.TrustSetupError, match=r"cannot read or create kiln's secret key file .*KILN_CACHE=0"):
+        trust.sign(b"x")
+
+
 def _key_in_child(path: str, queue: Any) -> None:
     os.environ["KILN_SECRET_FILE"] = path
     queue.put(trust.secret())
