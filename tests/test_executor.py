@@ -379,6 +379,20 @@ def test_zero_size_values_on_a_cuda_library_through_the_host_stand_in(monkeypatc
     assert [name for name, *_ in launches] == [launches[0][0]]  # only the sum has work to do
 
 
+def test_empty_values_survive_export_and_load(tmp_path: Any) -> None:
+    x = relay.var("x", shape=(0, 8))
+    with PassContext(opt_level=3, disabled_pass=["FuseOps"]):
+        lib = build(relay.Function([x], relay.Tuple([EMPTY_MODELS["empty then full"](x), relay.nn.relu(x)])))
+    path = tmp_path / "empty.kiln"
+    lib.export(path)
+    for library in (lib, runtime.load(path)):
+        ex = library.create_executor()
+        for _ in range(2):
+            full, empty = ex(x=np.zeros((0, 8), np.float32))
+            np.testing.assert_array_equal(full, np.ones(8, np.float32))
+            assert empty.shape == (0, 8) and empty.dtype == np.float32
+
+
 def test_an_empty_reduction_axis_inside_dense() -> None:
     x, w = relay.var("x", shape=(4, 0)), relay.var("w", shape=(3, 0))
     ex = build(relay.Function([x, w], relay.nn.dense(x, w))).create_executor()

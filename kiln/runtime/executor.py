@@ -347,6 +347,8 @@ class GraphExecutor:
             if elements > MAX_ELEMENTS:
                 raise ExecutorError(f"{self._describe_slot(s)} has shape {slot.shape}: {elements} elements, more "
                                     f"than the {MAX_ELEMENTS} that kiln's kernels index (int32)")
+            if slot.kind == "temp" and slot.storage < 0 and elements:
+                raise ExecutorError(f"{self._describe_slot(s)} has no planned buffer")
             if slot.kind == "temp" and slot.storage >= 0 and (
                     slot.storage >= len(g.storage_sizes) or g.storage_sizes[slot.storage] < slot_bytes(slot)):
                 raise ExecutorError(f"{self._describe_slot(s)} ({slot_bytes(slot)} bytes) is planned in buffer "

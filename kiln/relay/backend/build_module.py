@@ -27,6 +27,7 @@ from kiln.relay.type_infer import infer_type
 from kiln.relay.visitor import ExprMutator, post_order
 from kiln.runtime.executor import MAX_ELEMENTS
 from kiln.runtime.library import Graph, Launch, Library, Slot
+from kiln.runtime.module import numpy_dtype
 from kiln.target import Target
 
 
@@ -162,6 +163,10 @@ class _GraphBuilder:
                 env[id(node)] = outs
                 done += 1
                 if all(self.slots[s].nbytes == 0 for s in outs):  # empty results: nothing to compute
+                    for s in outs:  # an empty value holds no data: a constant, so that it needs no buffer
+                        slot = self.slots[s]
+                        self.slots[s] = Slot(slot.shape, slot.dtype, "const", slot.name)
+                        self.constants[s] = np.empty(slot.shape, numpy_dtype(slot.dtype))
                     if self.progress is not None:
                         self.progress(done, calls)
                     continue
