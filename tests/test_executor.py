@@ -157,9 +157,11 @@ def test_zero_dim_inputs() -> None:
 
 
 class _OrderKeepingCupy:
-    """The part of cupy that `_Device.put` uses, keeping cupy's behaviour that matters here:
-    `asarray` of a numpy array keeps its memory order (cupy's default order is "K"),
-    `ndarray.copy()` is C-ordered."""
+    """The part of cupy that `_Device.put` uses, as cupy behaves where it matters here.
+
+    `cupy.asarray` of a numpy array keeps its memory order (its default order is "K"), so a
+    Fortran array arrives Fortran-ordered on the device; `cupy.ndarray.copy()` is C-ordered.
+    """
 
     class ndarray:
         def __init__(self, a: np.ndarray) -> None:
@@ -181,7 +183,7 @@ def test_device_put_makes_host_and_device_arrays_c_ordered(monkeypatch: pytest.M
     monkeypatch.setattr(cuda_module, "_cupy", lambda: _OrderKeepingCupy)
     dev = _Device()
     x = RNG.standard_normal((4, 8)).astype("float32")
-    for host in (np.asfortranarray(x), x[:, ::1].T.copy().T, x):
+    for host in (np.asfortranarray(x), np.repeat(x, 2, axis=0)[::-2][::-1], x):  # Fortran, strided, C
         put = dev.put(host)
         assert put.flags.c_contiguous and dev.fits(put)
         np.testing.assert_array_equal(put.a, x)
