@@ -121,6 +121,10 @@ class _Solver:
         known = self.complete
         if id(t) in known:
             return t
+        if isinstance(t, IncompleteType):  # the common case: a solved var whose solution is complete
+            root = self.find(t)
+            if isinstance(root, IncompleteType) or id(root) in known:
+                return root
         done: dict[int, Type] = {}
         stack: list[tuple[Type, bool]] = [(t, False)]
         while stack:

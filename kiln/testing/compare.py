@@ -40,9 +40,16 @@ class Mismatch:
 
 
 def _flat(value: Any) -> list[np.ndarray]:
-    if isinstance(value, (tuple, list)):
-        return [a for v in value for a in _flat(v)]
-    return [np.asarray(value)]
+    """The arrays of a (nested) tuple value, in order; iterative, as tuples may nest 10,000 deep."""
+    out: list[np.ndarray] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (tuple, list)):
+            stack.extend(reversed(v))
+        else:
+            out.append(np.asarray(v))
+    return out
 
 
 def _error(got: Any, want: Any, rtol: float, atol: float) -> float | None:

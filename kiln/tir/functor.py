@@ -293,6 +293,36 @@ def structural_key(e: PrimExpr) -> Hashable:
     return (type(e).__name__, e.dtype, *(structural_key(c) for c in children(e) if isinstance(c, PrimExpr)))
 
 
+def same_expr(a: PrimExpr, b: PrimExpr) -> bool:
+    """Whether `a` and `b` are structurally equal (vars and buffers by identity).
+
+    The same answer as comparing `structural_key`s, but it stops at the first difference
+    (and at shared nodes), so asking about two unrelated deep expressions costs O(1).
+    """
+    stack: list[tuple[Node, Node]] = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if x is y:
+            continue
+        if type(x) is not type(y) or not isinstance(x, PrimExpr) or not isinstance(y, PrimExpr):
+            return False
+        if x.dtype != y.dtype or isinstance(x, Var):
+            return False
+        if isinstance(x, (IntImm, FloatImm)) and isinstance(y, (IntImm, FloatImm)):
+            if x.value != y.value:
+                return False
+            continue
+        if isinstance(x, Call) and isinstance(y, Call) and x.name != y.name:
+            return False
+        if isinstance(x, BufferLoad) and isinstance(y, BufferLoad) and x.buffer is not y.buffer:
+            return False
+        kx, ky = list(children(x)), list(children(y))
+        if len(kx) != len(ky):
+            return False
+        stack.extend(zip(kx, ky, strict=True))
+    return True
+
+
 class Substituter(StmtExprMutator):
     """Replaces variables by expressions; buffer shapes that use them are rewritten too."""
 

@@ -58,7 +58,7 @@ from kiln.tir.expr import (
     logical_not,
     select,
 )
-from kiln.tir.functor import StmtExprMutator, Substituter, let_chain, structural_key, used_vars
+from kiln.tir.functor import StmtExprMutator, Substituter, let_chain, same_expr, structural_key, used_vars
 from kiln.tir.printer import expr_text
 from kiln.tir.stmt import Allocate, Evaluate, For, ForKind, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
@@ -411,7 +411,7 @@ class Analyzer:
         if isinstance(e, Select):
             c = self.simplify(e.cond)
             t, f = self.simplify(e.true_value), self.simplify(e.false_value)
-            if structural_key(t) == structural_key(f):
+            if same_expr(t, f):
                 return t
             return select(c, t, f)
         if isinstance(e, Call):
@@ -433,7 +433,7 @@ class Analyzer:
             return b
         if isinstance(e, (Mul, Div)) and one:
             return a
-        if isinstance(e, (Min, Max)) and structural_key(a) == structural_key(b):
+        if isinstance(e, (Min, Max)) and same_expr(a, b):
             return a
         return binary(type(e), a, b)
 
@@ -470,7 +470,7 @@ class Analyzer:
         for x, y in ((a, b), (b, a)):
             if isinstance(x, IntImm):
                 return const(absorbing) if bool(x.value) == absorbing else y
-        if structural_key(a) == structural_key(b):
+        if same_expr(a, b):
             return a
         return type(e)("bool", a, b)
 
