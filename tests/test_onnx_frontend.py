@@ -445,3 +445,52 @@ def test_errors_show_names_that_are_not_utf8_escaped() -> None:
     text = _import_error(_with_raw_names(model, {"QQQ": b"\xffAB"}))
     assert text == ("inputs or initializers ['\\\\xffAB'] are distinct names that read the same once their "
                     "bytes that are not UTF-8 are shown as \\xNN; rename them")
+
+
+# --- found by the mutation fuzzer (tests/test_onnx_fuzz.py) -------------------------------------------------
+
+
+def test_flag_attributes_are_0_or_1() -> None:
+    # keepdims=7 kept the dims in kiln and dropped them in onnxruntime (which reads only 1 as true)
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    model = _model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="sum", keepdims=7)],
+                   [_io("x", [2, 3])], [_io("y", [2])], [axes])
+    assert _import_error(model) == "ReduceSum node 'sum': attribute 'keepdims' is 7: expected 0 or 1"
+    model = _model([helper.make_node("Gemm", ["a", "a"], ["y"], name="g", transB=-1)], [_io("a", [2, 2])],
+                   [_io("y", [2, 2])])
+    assert _import_error(model) == "Gemm node 'g': attribute 'transB' is -1: expected 0 or 1"
+
+
+def test_list_inputs_must_be_1d() -> None:
+    # a (2, 1) axes was flattened and read as a list; onnxruntime refuses it
+    def squeeze(axes: np.ndarray) -> Any:
+        return _model([helper.make_node("Squeeze", ["x", "axes"], ["y"], name="sq")], [_io("x", [1, 3, 1])],
+                      [_io("y", [3])], [numpy_helper.from_array(axes, "axes")])
+
+    assert _import_error(squeeze(np.array([[0], [2]], np.int64))) == \
+        "Squeeze node 'sq': input #1 (axes) must be a 1-D tensor, found shape (2, 1)"
+    x = np.ones((1, 3, 1), np.float32)
+    np.testing.assert_allclose(_run(squeeze(np.array([0, 2], np.int64)), x=x), np.ones(3))
+    model = _model([helper.make_node("ReduceMax", ["x", "axes"], ["y"], name="mx")], [_io("x", [2, 3])],
+                   [_io("y", [2, 1])], [numpy_helper.from_array(np.array([[1]], np.int64), "axes")], opset=18)
+    assert _import_error(model) == \
+        "ReduceMax node 'mx': input #1 (axes) must be a 1-D tensor of integers, found int64 of shape (1, 1)"
+
+
+def test_a_gemm_with_an_infinite_alpha_matches_onnxruntime() -> None:
+    # FoldScaleAxis folded alpha=inf into the weights: inf * w summed over K is nan where inf * (x @ w) is not
+    w = numpy_helper.from_array(np.random.default_rng(7).standard_normal((6, 8)).astype(np.float32), "w")
+    model = _model([helper.make_node("Gemm", ["x", "w"], ["h"], transB=1, alpha=float("inf")),
+                    helper.make_node("Relu", ["h"], ["y"])], [_io("x", [2, 8])], [_io("y", [2, 6])], [w])
+    x = np.random.default_rng(8).standard_normal((2, 8)).astype(np.float32)
+    want = _ort(model, x=x)[0]
+    assert not np.isnan(want).any()
+    np.testing.assert_array_equal(_run(model, x=x), want)
+
+
+def test_inputs_and_initializers_without_names_are_named_by_position() -> None:
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_io("x", [2]), _io("", [2])], [_io("y", [2])])
+    assert _import_error(model) == "graph input #1 has no name"
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_io("x", [2])], [_io("y", [2])],
+                   [numpy_helper.from_array(np.zeros(2, np.float32), "")])
+    assert _import_error(model) == "initializer #0 has no name"

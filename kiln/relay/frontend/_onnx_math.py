@@ -266,9 +266,9 @@ def _gemm(node: OnnxNode) -> Expr:
     alpha, beta = node.float_attr("alpha", 1.0), node.float_attr("beta", 1.0)
     if node.ndim(a) != 2 or node.ndim(b) != 2:
         raise node.error(f"A and B must be matrices, found ranks {node.ndim(a)} and {node.ndim(b)}")
-    if node.int_attr("transA", 0):
+    if node.bool_attr("transA", False):
         a = relay.transpose(a, (1, 0))
-    if not node.int_attr("transB", 0):
+    if not node.bool_attr("transB", False):
         b = relay.transpose(b, (1, 0))
     out = relay.nn.dense(a, b)
     if alpha != 1.0:
@@ -291,7 +291,10 @@ def _axes(node: OnnxNode, from_input: bool) -> list[int] | None:
         given = node.optional_input(1)
         if given is None:
             return None
-        axes = node.value(given, "axes").reshape(-1)
+        axes = node.value(given, "axes")
+        if axes.ndim != 1 or not np.issubdtype(axes.dtype, np.integer):
+            raise node.error(f"input #1 (axes) must be a 1-D tensor of integers, found {axes.dtype} of shape "
+                             f"{axes.shape}")
         return [int(a) for a in axes]
     return node.ints_attr("axes", None)
 
@@ -300,10 +303,10 @@ def _reduce(op_type: str, fn: Callable[..., Expr], input_axes_since: int, identi
     def make(from_input: bool) -> Callable[[OnnxNode], Expr]:
         def convert(node: OnnxNode) -> Expr:
             x = node.input(0)
-            keepdims = bool(node.int_attr("keepdims", 1))
+            keepdims = node.bool_attr("keepdims", True)
             axes = _axes(node, from_input)
             if not axes:  # absent or empty: every axis, unless noop_with_empty_axes (opset 13/18 and up)
-                if node.int_attr("noop_with_empty_axes", 0):
+                if node.bool_attr("noop_with_empty_axes", False):
                     return x
                 axes = list(range(node.ndim(x)))
             shape = node.shape(x)
@@ -335,8 +338,8 @@ def _arg(op_type: str, fn: Callable[..., Expr]) -> None:
         out = fn(
             node.input(0),
             axis=node.int_attr("axis", 0),
-            keepdims=bool(node.int_attr("keepdims", 1)),
-            select_last_index=bool(node.int_attr("select_last_index", 0)),
+            keepdims=node.bool_attr("keepdims", True),
+            select_last_index=node.bool_attr("select_last_index", False),
         )
         return relay.cast(out, "int64")
 

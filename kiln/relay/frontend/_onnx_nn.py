@@ -310,8 +310,8 @@ def _pool(node: OnnxNode, kind: str) -> Expr:
         raise node.error(f"attribute kernel_shape {kernel} needs {nd} values for an input of rank {nd + 2}")
     x = node.input(0)
     win = _window(node, node.shape(0)[2:], kernel)
-    ceil_mode = bool(node.int_attr("ceil_mode", 0))
-    count_include_pad = bool(node.int_attr("count_include_pad", 0))
+    ceil_mode = node.bool_attr("ceil_mode", False)
+    count_include_pad = node.bool_attr("count_include_pad", False)
     if nd == 2:
         return _pool2d(x, kind, win, ceil_mode, count_include_pad)
     if nd == 1:
@@ -389,7 +389,7 @@ def _batch_norm(node: OnnxNode) -> Expr | list[Expr]:
         raise node.error(f"expected an input of rank 2 or more (N, C, ...), found shape {node.shape(0)}")
     _channel_vectors(node, [(1, "scale"), (2, "B"), (3, "mean"), (4, "var")])
     eps = float(node.attr("epsilon", 1e-5))
-    training = node.int_attr("training_mode", 0) if node.opset >= 14 else 0
+    training = node.bool_attr("training_mode", False) if node.opset >= 14 else False
     extra = [o for o in node.outputs[1:] if o]
     if not training:
         if extra:
@@ -577,7 +577,7 @@ def _antialias_resize(node: OnnxNode, x: Expr, sizes: list[int], axes: list[int]
     if method not in ("linear", "cubic") or mode == "tf_crop_and_resize" or not dtype.is_float:
         raise node.error(f"antialias is supported for float data with mode linear or cubic and coordinates other "
                          f"than tf_crop_and_resize, not {method}, {mode} and {dtype}")
-    a, exclude = node.float_attr("cubic_coeff_a", -0.75), bool(node.int_attr("exclude_outside", 0))
+    a, exclude = node.float_attr("cubic_coeff_a", -0.75), node.bool_attr("exclude_outside", False)
     for k, axis in enumerate(axes):
         scale = scales[k] if scales is not None else sizes[k] / shape[axis]
         ax = ResizeAxis(axis, shape[axis], sizes[k], scale, (0.0, 1.0))
@@ -617,7 +617,7 @@ def _resize(node: OnnxNode) -> Expr:
             raise node.error(f"coordinate_transformation_mode tf_half_pixel_for_nn is supported with mode nearest "
                              f"and nearest_mode round_prefer_floor or floor, not {mode} and {nearest_mode}")
         coordinate_mode, nearest_mode = "half_pixel", shifted[nearest_mode]
-    if node.int_attr("antialias", 0):
+    if node.bool_attr("antialias", False):
         return _antialias_resize(node, node.input(0), sizes, axes, scales, coordinate_mode, mode)
     roi = None
     if coordinate_mode == "tf_crop_and_resize":
@@ -632,7 +632,7 @@ def _resize(node: OnnxNode) -> Expr:
         node.input(0), sizes, axes, method=mode, coordinate_transformation_mode=coordinate_mode,
         nearest_mode=nearest_mode,
         cubic_coeff_a=float(node.attr("cubic_coeff_a", -0.75)),
-        exclude_outside=bool(node.int_attr("exclude_outside", 0)),
+        exclude_outside=node.bool_attr("exclude_outside", False),
         extrapolation_value=float(node.attr("extrapolation_value", 0.0)), roi=roi, scales=scales)
 
 

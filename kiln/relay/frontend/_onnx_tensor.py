@@ -40,20 +40,26 @@ _TO_END = 2**63 - 1
 # ---------------------------------------------------------------------------
 
 
-def _int_values(node: OnnxNode, i: int, what: str) -> list[int] | None:
-    """The integer values of optional input `i` (flattened), None when it is absent; it must be constant."""
+def _int_values(node: OnnxNode, i: int, what: str, rank: int | None = 1) -> list[int] | None:
+    """The integer values of optional input `i` (flattened), None when it is absent; it must be constant.
+
+    The input must have rank `rank` (a 1-D list, unless None): onnxruntime refuses others, and
+    flattening a (2, 1) 'axes' would silently read it as a list.
+    """
     if node.optional_input(i) is None:
         return None
     value = node.value(i, what)
     if not np.issubdtype(value.dtype, np.integer):
         raise node.error(f"input #{i} ({what}) must hold integers, found dtype {value.dtype}")
+    if rank is not None and value.ndim != rank:
+        raise node.error(f"input #{i} ({what}) must be a {rank}-D tensor, found shape {value.shape}")
     return [int(v) for v in value.reshape(-1)]
 
 
-def _required_ints(node: OnnxNode, i: int, what: str) -> list[int]:
+def _required_ints(node: OnnxNode, i: int, what: str, rank: int | None = 1) -> list[int]:
     """The integer values of input `i`, which must be given and constant."""
     node.input(i, what)  # the error naming the input when the node leaves it out
-    return _int_values(node, i, what) or []
+    return _int_values(node, i, what, rank) or []
 
 
 def _ints_attr(node: OnnxNode, name: str) -> list[int]:
@@ -88,7 +94,7 @@ def _reshape_v1(node: OnnxNode) -> Expr:
 @onnx_converter("Reshape", since=5)
 def _reshape_v5(node: OnnxNode) -> Expr:
     shape = _required_ints(node, 1, "shape")
-    return _reshape(node, shape, allowzero=bool(node.int_attr("allowzero", 0)))
+    return _reshape(node, shape, allowzero=node.bool_attr("allowzero", False))
 
 
 @onnx_converter("Transpose", since=1)
@@ -434,8 +440,8 @@ def _expand(node: OnnxNode) -> Expr:
 
 @onnx_converter("Tile", since=1)
 def _tile_v1(node: OnnxNode) -> Expr:
-    tiles = _required_ints(node, 1, "tiles")
-    axis = _required_ints(node, 2, "axis")
+    tiles = _required_ints(node, 1, "tiles", rank=None)
+    axis = _required_ints(node, 2, "axis", rank=None)
     if len(tiles) != 1 or len(axis) != 1:
         raise node.error("tiles and axis must be scalars")
     reps = [1] * node.ndim(0)

@@ -293,6 +293,13 @@ class OnnxNode:
             raise self.error(f"attribute {name!r} must be an int, found {value!r}")
         return int(value)
 
+    def bool_attr(self, name: str, default: bool) -> bool:
+        """A flag attribute: 0 or 1 (ONNX stores flags as ints; runtimes read other values differently)."""
+        value = self.int_attr(name, int(default))
+        if value not in (0, 1):
+            raise self.error(f"attribute {name!r} is {value}: expected 0 or 1")
+        return bool(value)
+
     def float_attr(self, name: str, default: Any = _REQUIRED) -> float:
         value = self.attr(name, default)
         if not isinstance(value, float | int | np.floating | np.integer):
@@ -468,10 +475,10 @@ class _Importer:
     def import_graph(self) -> tuple[IRModule, dict[str, np.ndarray]]:
         graph = self.graph
         init_names = set()
-        for init in graph.initializer:
+        for index, init in enumerate(graph.initializer):
             key, shown = _key(init.name), _shown(init.name)
             if not key:
-                raise OnnxImportError("an initializer has no name")
+                raise OnnxImportError(f"initializer #{index} has no name")
             if key in init_names:
                 raise OnnxImportError(f"initializer {_quoted(init.name)} is defined twice")
             init_names.add(key)
@@ -487,10 +494,12 @@ class _Importer:
                     self.param_vars.append(v)
         graph_inputs = [i for i in graph.input if _key(i.name) not in init_names]
         keys: dict[str, str] = {}  # shown name -> key
-        for value_info in graph_inputs:
+        for index, value_info in enumerate(graph.input):
             key, shown = _key(value_info.name), _shown(value_info.name)
+            if key in init_names:
+                continue
             if not key:
-                raise OnnxImportError("a graph input has no name")
+                raise OnnxImportError(f"graph input #{index} has no name")
             if keys.get(shown) == key:
                 raise OnnxImportError(f"graph input {_quoted(value_info.name)} is declared twice")
             if shown in keys:

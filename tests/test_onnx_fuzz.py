@@ -1,0 +1,730 @@
+"""A mutation fuzzer over ONNX models: every outcome is kiln's error naming what is wrong, or a correct run.
+
+Each case takes one small valid model (the two of `kiln.testing.onnx_models`
+and a few built here: conv/bn/relu/pool, gemm, layernorm, reshape/slice/concat
+chains, split/concat, pad/pool, matmul/softmax/gather) and applies one to three
+mutations drawn from a seeded generator: dropped, extra, dangling or cyclic
+inputs, duplicate outputs, unknown ops, attributes of the wrong kind or value,
+initializers whose dims, dtype, values or raw bytes do not fit, graph inputs of
+another rank, shape or dtype, another opset, deleted nodes, byte flips in the
+serialized model. A case is (seed model, seed): `python tests/test_onnx_fuzz.py
+conv_bn_relu 17` replays one and prints what happened.
+
+An outcome is good when
+- kiln raises a `KilnError` whose message names a node, an input, an output
+  or an initializer of the model (or says the file is not a model at all), or
+- kiln imports, builds and runs the model, and its outputs match onnxruntime's
+  (onnx.reference's when onnxruntime refuses the model or crashes on it); a
+  model that both refuse but kiln runs is reported as unverified, not failed.
+
+Anything else fails the test: an exception that is not kiln's, a message that
+names nothing, wrong numbers, a crash or a hang. Cases run in child processes
+(one child runs many cases and reports each as a JSON line), so a segfault or an
+abort fails the test instead of killing the runner; the case that was running
+when a child died is run again alone to confirm it. The default budget is about
+30 s; `pytest --fuzz-long=SECONDS` runs longer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SECONDS = 30.0
+CASE_TIMEOUT = 120.0  # seconds without a report from the child: the case hangs
+KILN_OK = "kiln-ok"
+FAILURES = ("foreign-error", "unnamed-error", "mismatch", "crash", "timeout")
+
+# ---------------------------------------------------------------------------
+# Seed models
+# ---------------------------------------------------------------------------
+
+
+def _onnx() -> Any:
+    import onnx
+
+    return onnx
+
+
+def _model(nodes: list[Any], inputs: list[tuple[str, list[Any]]], outputs: list[str], inits: dict[str, Any],
+           opset: int = 17) -> Any:
+    onnx = _onnx()
+    helper, f = onnx.helper, onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes, "seed", [helper.make_tensor_value_info(n, f, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, f, None) for n in outputs],
+        [onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
+    model.graph.ClearField("output")  # the outputs' shapes, as an exporter writes them
+    model.graph.output.extend(inferred.output)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _w(*shape: int, seed: int = 0) -> np.ndarray:
+    return (np.random.default_rng(seed + sum(shape)).standard_normal(shape) * 0.5).astype(np.float32)
+
+
+def _i64(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+def _node(op: str, ins: list[str], outs: list[str], **attrs: Any) -> Any:
+    return _onnx().helper.make_node(op, ins, outs, name=f"{op.lower()}_{outs[0]}", **attrs)
+
+
+def conv_bn_relu() -> Any:
+    return _model([
+        _node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        _node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["n"], epsilon=1e-5),
+        _node("Relu", ["n"], ["r"]),
+        _node("MaxPool", ["r"], ["y"], kernel_shape=[2, 2], strides=[2, 2]),
+    ], [("x", [1, 3, 6, 6])], ["y"], {
+        "w": _w(4, 3, 3, 3), "b": _w(4), "s": np.abs(_w(4, seed=1)) + 0.5, "bb": _w(4, seed=2),
+        "m": _w(4, seed=3), "v": np.abs(_w(4, seed=4)) + 0.5})
+
+
+def gemm() -> Any:
+    return _model([
+        _node("Gemm", ["x", "w1", "b1"], ["h"], transB=1, alpha=0.5),
+        _node("Relu", ["h"], ["r"]),
+        _node("Gemm", ["r", "w2", "b2"], ["y"], beta=2.0),
+    ], [("x", [2, 8])], ["y"], {"w1": _w(6, 8), "b1": _w(6), "w2": _w(6, 3), "b2": _w(1, 3)})
+
+
+def layernorm() -> Any:
+    return _model([
+        _node("LayerNormalization", ["x", "s", "b"], ["n"], axis=-1, epsilon=1e-5),
+        _node("Add", ["n", "x"], ["a"]),
+        _node("Softmax", ["a"], ["y"], axis=-1),
+    ], [("x", [2, 3, 4])], ["y"], {"s": np.abs(_w(4)) + 0.5, "b": _w(4, seed=1)})
+
+
+def reshape_chain() -> Any:
+    return _model([
+        _node("Reshape", ["x", "shape"], ["r"]),
+        _node("Transpose", ["r"], ["t"], perm=[1, 0]),
+        _node("Slice", ["t", "starts", "ends", "axes", "steps"], ["s"]),
+        _node("Concat", ["s", "t"], ["c"], axis=0),
+        _node("Unsqueeze", ["c", "uaxes"], ["u"]),
+        _node("Flatten", ["u"], ["y"], axis=2),
+    ], [("x", [2, 3, 4])], ["y"], {
+        "shape": _i64(4, -1), "starts": _i64(1, 0), "ends": _i64(5, 4), "axes": _i64(0, 1), "steps": _i64(2, 1),
+        "uaxes": _i64(0)})
+
+
+def split_concat() -> Any:
+    return _model([
+        _node("Split", ["x", "split"], ["a", "b"], axis=1),
+        _node("Mul", ["a", "a"], ["m"]),
+        _node("Neg", ["b"], ["n"]),
+        _node("Concat", ["n", "m"], ["c"], axis=1),
+        _node("ReduceSum", ["c", "raxes"], ["y"], keepdims=0),
+    ], [("x", [2, 6])], ["y"], {"split": _i64(2, 4), "raxes": _i64(1)})
+
+
+def pad_pool() -> Any:
+    return _model([
+        _node("Pad", ["x", "pads"], ["p"], mode="reflect"),
+        _node("AveragePool", ["p"], ["a"], kernel_shape=[3, 3], strides=[2, 2]),
+        _node("Sigmoid", ["a"], ["s"]),
+        _node("GlobalMaxPool", ["s"], ["g"]),
+        _node("Squeeze", ["g", "saxes"], ["y"]),
+    ], [("x", [1, 2, 5, 5])], ["y"], {"pads": _i64(0, 0, 1, 1, 0, 0, 1, 1), "saxes": _i64(2, 3)})
+
+
+def matmul_softmax() -> Any:
+    return _model([
+        _node("MatMul", ["x", "w"], ["m"]),
+        _node("Softmax", ["m"], ["s"], axis=1),
+        _node("Gather", ["s", "idx"], ["g"], axis=2),
+        _node("Clip", ["g", "lo", "hi"], ["c"]),
+        _node("Cast", ["c"], ["y"], to=_onnx().TensorProto.FLOAT),
+    ], [("x", [2, 3, 4])], ["y"], {"w": _w(4, 5), "idx": _i64(0, -1, 2), "lo": np.float32(0.1),
+                                  "hi": np.float32(0.9)})
+
+
+def _cnn() -> Any:
+    from kiln.testing import onnx_models
+
+    return onnx_models.cnn()
+
+
+def _transformer() -> Any:
+    from kiln.testing import onnx_models
+
+    return onnx_models.transformer_encoder()
+
+
+# name -> (builder, weight): the two real models compile slowly, so they are drawn less often
+SEEDS: dict[str, tuple[Callable[[], Any], int]] = {
+    "conv_bn_relu": (conv_bn_relu, 3), "gemm": (gemm, 3), "layernorm": (layernorm, 3),
+    "reshape_chain": (reshape_chain, 3), "split_concat": (split_concat, 3), "pad_pool": (pad_pool, 3),
+    "matmul_softmax": (matmul_softmax, 3), "cnn": (_cnn, 1), "transformer": (_transformer, 1),
+}
+
+
+def case_at(index: int) -> tuple[str, int]:
+    """The `index`-th case of the fixed sequence: (seed model, seed)."""
+    rng = np.random.default_rng([index, 4242])
+    names = list(SEEDS)
+    weights = np.array([SEEDS[n][1] for n in names], np.float64)
+    return names[int(rng.choice(len(names), p=weights / weights.sum()))], index
+
+
+# ---------------------------------------------------------------------------
+# Mutations
+# ---------------------------------------------------------------------------
+
+_OPS = ["Relu", "Conv", "Gemm", "Softmax", "Add", "Reshape", "Transpose", "Identity", "MaxPool", "Concat", "Split",
+        "Squeeze", "Slice", "LayerNormalization", "BatchNormalization", "Frobnicate", "MatMul", "Gather", "Pad",
+        "Cast", "ReduceMean", "Flatten", "Expand", "Tile", "Where"]
+_INTS = [-(2**31), -5, -2, -1, 0, 1, 2, 3, 7, 2**31 - 1]
+_FLOATS = [0.0, -1.0, 1e-12, 1e30, float("nan"), float("inf"), 0.5]
+_STRINGS = ["", "SAME_UPPER", "VALID", "NOTSET", "reflect", "linear", "nonsense", "tanh"]
+_DTYPES = [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 16, 999]
+
+
+class _Mutator:
+    def __init__(self, model: Any, rng: np.random.Generator) -> None:
+        self.model, self.rng, self.onnx = model, rng, _onnx()
+        self.graph = model.graph
+        self.notes: list[str] = []
+        self.data: bytes | None = None  # set by a byte flip: the mutated serialized model
+
+    def pick(self, seq: Any) -> Any:
+        return seq[int(self.rng.integers(len(seq)))]
+
+    def values(self) -> list[str]:
+        g = self.graph
+        return [i.name for i in g.input] + [i.name for i in g.initializer] + [o for n in g.node for o in n.output]
+
+    def node(self) -> Any:
+        return self.pick(self.graph.node) if len(self.graph.node) else None
+
+    # each mutation returns a note, or None when it does not apply to this model
+    def drop_input(self) -> str | None:
+        node = self.node()
+        if node is None or not node.input:
+            return None
+        i = int(self.rng.integers(len(node.input)))
+        if self.rng.random() < 0.5:
+            node.input[i] = ""
+            return f"input #{i} of {node.name} set to ''"
+        del node.input[i]
+        return f"input #{i} of {node.name} dropped"
+
+    def add_input(self) -> str | None:
+        node = self.node()
+        if node is None:
+            return None
+        node.input.append(self.pick(self.values()))
+        return f"{node.name} gets an extra input {node.input[-1]}"
+
+    def attr_kind(self) -> str | None:
+        node = self.node()
+        if node is None:
+            return None
+        helper = self.onnx.helper
+        name = self.pick([a.name for a in node.attribute]) if node.attribute and self.rng.random() < 0.8 else \
+            self.pick(["axis", "alpha", "perm", "mode", "bogus", "kernel_shape", "to", "epsilon"])
+        value = self.pick([1.5, 3, "text", [1, 2], [0.5, 1.5], ["a"],
+                           self.onnx.numpy_helper.from_array(np.zeros(2, np.float32))])
+        kept = [a for a in node.attribute if a.name != name]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute(name, value)])
+        return f"attribute {name} of {node.name} := {value!r}"
+
+    def attr_value(self) -> str | None:
+        nodes = [n for n in self.graph.node if n.attribute]
+        if not nodes:
+            return None
+        node = self.pick(nodes)
+        attr = self.pick(node.attribute)
+        t = self.onnx.AttributeProto
+        if attr.type == t.INT:
+            attr.i = self.pick(_INTS)
+        elif attr.type == t.FLOAT:
+            attr.f = self.pick(_FLOATS)
+        elif attr.type == t.STRING:
+            attr.s = self.pick(_STRINGS).encode()
+        elif attr.type == t.INTS:
+            values = list(attr.ints)
+            what = int(self.rng.integers(3))
+            if what == 0 and values:
+                values[int(self.rng.integers(len(values)))] = self.pick(_INTS)
+            elif what == 1 and values:
+                values.pop()
+            else:
+                values.append(self.pick([0, 1, 2, -1]))
+            del attr.ints[:]
+            attr.ints.extend(values)
+        else:
+            return None
+        return f"attribute {attr.name} of {node.name} changed"
+
+    def _init(self) -> Any:
+        return self.pick(self.graph.initializer) if len(self.graph.initializer) else None
+
+    def init_dims(self) -> str | None:
+        init = self._init()
+        if init is None:
+            return None
+        dims = list(init.dims)
+        what = int(self.rng.integers(3))
+        if what == 0:
+            dims.append(1)
+        elif what == 1 and dims:
+            dims.pop(int(self.rng.integers(len(dims))))
+        elif dims:
+            k = int(self.rng.integers(len(dims)))
+            dims[k] = max(0, dims[k] + int(self.pick([-1, 1, 2])))
+        del init.dims[:]
+        init.dims.extend(dims)
+        return f"dims of {init.name} := {dims}"
+
+    def init_dtype(self) -> str | None:
+        init = self._init()
+        if init is None:
+            return None
+        init.data_type = self.pick(_DTYPES)
+        return f"dtype of {init.name} := {init.data_type}"
+
+    def init_raw(self) -> str | None:
+        inits = [i for i in self.graph.initializer if i.raw_data]
+        if not inits:
+            return None
+        init = self.pick(inits)
+        raw = bytes(init.raw_data)
+        cut = int(self.rng.integers(-4, 5))
+        init.raw_data = raw[:cut] if cut < 0 else raw + bytes(cut)
+        return f"raw_data of {init.name} {'cut' if cut < 0 else 'grown'} by {abs(cut)}"
+
+    def init_values(self) -> str | None:
+        """New values for an integer initializer (shapes, axes, starts, pads): the ones that decide shapes."""
+        inits = [i for i in self.graph.initializer if i.data_type == self.onnx.TensorProto.INT64]
+        if not inits:
+            return None
+        init = self.pick(inits)
+        size = max(1, int(np.prod(init.dims)) + int(self.pick([0, 0, 0, -1, 1])))
+        values = self.rng.integers(-3, 7, size=size).astype(np.int64)
+        new = self.onnx.numpy_helper.from_array(values.reshape(-1) if len(init.dims) else values[:1].reshape(()),
+                                                init.name)
+        init.CopyFrom(new)
+        return f"{init.name} := {values.tolist()}"
+
+    def cycle(self) -> str | None:
+        nodes = self.graph.node
+        if len(nodes) < 2:
+            return None
+        j, k = sorted(int(v) for v in self.rng.choice(len(nodes), 2, replace=False))
+        if not nodes[j].input or not nodes[k].output:
+            return None
+        nodes[j].input[int(self.rng.integers(len(nodes[j].input)))] = nodes[k].output[0]
+        return f"{nodes[j].name} reads {nodes[k].output[0]} (a later node's output)"
+
+    def dangling(self) -> str | None:
+        node = self.node()
+        if node is None or not node.input:
+            return None
+        node.input[int(self.rng.integers(len(node.input)))] = "ghost"
+        return f"{node.name} reads 'ghost'"
+
+    def duplicate_output(self) -> str | None:
+        g = self.graph
+        if self.rng.random() < 0.3 or len(g.node) < 2:
+            g.output.append(g.output[0])
+            return "the first graph output is listed twice"
+        j, k = (int(v) for v in self.rng.choice(len(g.node), 2, replace=False))
+        g.node[j].output[0] = g.node[k].output[0]
+        return f"{g.node[j].name} writes {g.node[k].output[0]} too"
+
+    def unknown_op(self) -> str | None:
+        node = self.node()
+        if node is None:
+            return None
+        node.op_type = self.pick(_OPS)
+        return f"{node.name} becomes a {node.op_type}"
+
+    def input_shape(self) -> str | None:
+        inputs = [i for i in self.graph.input if i.type.tensor_type.HasField("shape")]
+        if not inputs:
+            return None
+        vi = self.pick(inputs)
+        shape = vi.type.tensor_type.shape
+        what = int(self.rng.integers(4))
+        if what == 0:
+            shape.dim.add().dim_value = int(self.pick([1, 2]))
+        elif what == 1 and len(shape.dim):
+            del shape.dim[len(shape.dim) - 1]
+        elif what == 2 and len(shape.dim):
+            dim = shape.dim[int(self.rng.integers(len(shape.dim)))]
+            if self.rng.random() < 0.3:
+                dim.dim_param = "n"
+            else:
+                dim.dim_value = int(self.pick([0, 1, 2, 5]))
+        else:
+            vi.type.tensor_type.ClearField("shape")
+        return f"shape of input {vi.name} changed"
+
+    def input_dtype(self) -> str | None:
+        vi = self.pick(self.graph.input)
+        vi.type.tensor_type.elem_type = self.pick([1, 6, 7, 9, 10, 11, 4])
+        return f"dtype of input {vi.name} := {vi.type.tensor_type.elem_type}"
+
+    def opset(self) -> str | None:
+        version = int(self.rng.integers(1, 22))
+        self.model.opset_import[0].version = version
+        return f"opset := {version}"
+
+    def delete_node(self) -> str | None:
+        g = self.graph
+        if len(g.node) < 2:
+            return None
+        k = int(self.rng.integers(len(g.node)))
+        name = g.node[k].name
+        del g.node[k]
+        return f"node {name} deleted"
+
+    def byte_flip(self) -> str | None:
+        data = bytearray(self.model.SerializeToString())
+        flips = int(self.rng.integers(1, 5))
+        for _ in range(flips):
+            k = int(self.rng.integers(len(data)))
+            data[k] ^= int(self.rng.integers(1, 256))
+        if self.rng.random() < 0.1:
+            data = data[: int(self.rng.integers(len(data)))]
+        self.data = bytes(data)
+        return f"{flips} byte(s) flipped"
+
+    MUTATIONS = ("drop_input", "add_input", "attr_kind", "attr_value", "attr_value", "init_dims", "init_dtype",
+                 "init_raw", "init_values", "init_values", "cycle", "dangling", "duplicate_output", "unknown_op",
+                 "input_shape", "input_dtype", "opset", "delete_node", "byte_flip")
+
+    def run(self) -> bytes:
+        for _ in range(int(self.rng.integers(1, 4))):
+            for _attempt in range(10):
+                note = getattr(self, self.pick(self.MUTATIONS))()
+                if note is not None:
+                    self.notes.append(note)
+                    break
+            if self.data is not None:  # a byte flip is the last mutation: the result is no longer a proto
+                break
+        return self.data if self.data is not None else self.model.SerializeToString()
+
+
+def mutated(name: str, seed: int) -> tuple[bytes, list[str]]:
+    """The serialized model of case (name, seed), and what was done to it."""
+    mutator = _Mutator(SEEDS[name][0](), np.random.default_rng([seed, 7]))
+    data = mutator.run()
+    return data, mutator.notes
+
+
+# ---------------------------------------------------------------------------
+# One case
+# ---------------------------------------------------------------------------
+
+_MODEL_LEVEL = ("not a readable ONNX model", "the model has no graph", "opset_import", "the graph has no outputs",
+                "op(s) kiln cannot convert", "the default ONNX opset", "graph input #", "initializer #")
+
+
+def names_something(message: str, data: bytes) -> bool:
+    """Whether `message` names a node, input, output or initializer of the model, or the model as a whole."""
+    if any(phrase in message for phrase in _MODEL_LEVEL):
+        return True
+    try:
+        model = _onnx().load_from_string(data)
+    except Exception:
+        return False
+    from kiln.relay.frontend.onnx import _quoted, _shown
+
+    g = model.graph
+    for node in g.node:
+        if f"{_shown(node.op_type)} node" in message:
+            return True
+    names = [v.name for v in (*g.input, *g.output, *g.initializer)]
+    return any(_quoted(n) in message or f"%{_shown(n)}" in message for n in names if n)
+
+
+def _inputs(mod: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    from kiln.ir.types import TensorType
+
+    feeds = {}
+    params = mod["main"].params
+    for p in params:
+        t = p.type_annotation
+        assert isinstance(t, TensorType)
+        shape = tuple(d if isinstance(d, int) else 2 for d in t.shape)
+        dtype = t.dtype.numpy()
+        if np.issubdtype(dtype, np.floating):
+            feeds[p.name_hint] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[p.name_hint] = rng.random(shape) < 0.5
+        else:
+            feeds[p.name_hint] = rng.integers(-3, 4, shape).astype(dtype)
+    return feeds
+
+
+def _reference(data: bytes, feeds: dict[str, np.ndarray], use_ort: bool) -> tuple[str, list[np.ndarray] | str]:
+    """(which reference, its outputs), or (which, why it refused) when none accepts the model."""
+    why = []
+    if use_ort:
+        import onnxruntime as ort
+
+        try:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = 1
+            sess = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+            return "onnxruntime", list(sess.run(None, feeds))
+        except Exception as err:
+            why.append(f"onnxruntime: {str(err)[:300]}")
+    try:
+        from onnx.reference import ReferenceEvaluator
+
+        return "onnx.reference", [np.asarray(v) for v in ReferenceEvaluator(_onnx().load_from_string(data)).run(
+            None, feeds)]
+    except Exception as err:
+        why.append(f"onnx.reference: {type(err).__name__}: {str(err)[:300]}")
+    return "none", "; ".join(why)
+
+
+def _compare(got: list[np.ndarray], want: list[np.ndarray]) -> str | None:
+    """None when kiln's outputs match the reference's, else what differs."""
+    if len(got) != len(want):
+        return f"{len(got)} outputs, the reference gives {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.shape != w.shape:
+            return f"output {i} has shape {g.shape}, the reference's {w.shape}"
+        if g.dtype != w.dtype:
+            return f"output {i} has dtype {g.dtype}, the reference's {w.dtype}"
+        if g.dtype.kind in "fc":
+            scale = float(np.nanmax(np.abs(w[np.isfinite(w)]), initial=1.0)) if w.size else 1.0
+            tol = 1e-2 if g.dtype in (np.float16,) else 1e-4
+            if not np.allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=tol * scale,
+                               equal_nan=True):
+                err = float(np.nanmax(np.abs(g.astype(np.float64) - w.astype(np.float64)), initial=0.0))
+                return f"output {i} differs by up to {err:.3g} (scale {scale:.3g})"
+        elif not np.array_equal(g, w):
+            return f"output {i} differs: {g.ravel()[:8]} vs {w.ravel()[:8]}"
+    return None
+
+
+def run_case(name: str, seed: int, use_ort: bool = True, report: Callable[[dict[str, Any]], None] | None = None,
+             ) -> dict[str, Any]:
+    """Runs case (name, seed) in this process and returns its outcome; `report` hears "kiln-ok" first."""
+    from kiln import relay
+    from kiln.errors import KilnError
+    from kiln.relay.frontend import from_onnx
+
+    data, notes = mutated(name, seed)
+    out: dict[str, Any] = {"case": [name, seed], "mutations": notes}
+    for stage in ("import", "build"):
+        try:
+            if stage == "import":
+                mod, params = from_onnx(data)
+            else:
+                feeds = _inputs(mod, np.random.default_rng(seed))
+                result = relay.build(mod, params=params).create_executor()(**feeds)
+        except KilnError as err:
+            text = str(err)
+            # the importer must name what is wrong; a later stage's error is reported when it names nothing
+            unnamed = "unnamed-error" if stage == "import" else "unnamed-build-error"
+            return {**out, "outcome": "error" if names_something(text, data) else unnamed, "detail": text[:2000]}
+        except Exception as err:
+            return {**out, "outcome": "foreign-error", "detail": "".join(traceback.format_exception(err))[-4000:]}
+    got = [np.asarray(r) for r in (result if isinstance(result, tuple | list) else [result])]
+    if report is not None:
+        report({**out, "stage": KILN_OK})
+    which, want = _reference(data, feeds, use_ort)
+    if isinstance(want, str):
+        return {**out, "outcome": "unverified", "detail": want}
+    diff = _compare(got, want)
+    return {**out, "outcome": "match" if diff is None else "mismatch", "reference": which, "detail": diff or ""}
+
+
+def _child(deadline: float) -> None:
+    """Runs the cases given as JSON lines on stdin ([name, seed, use_ort]); one JSON line out per event."""
+    import faulthandler
+
+    faulthandler.enable()
+
+    def emit(event: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+
+    for line in sys.stdin:
+        name, seed, use_ort = json.loads(line)
+        if time.time() > deadline:
+            break
+        emit({"case": [name, seed], "stage": "start"})
+        emit({**run_case(name, seed, use_ort, emit), "stage": "done"})
+
+
+# ---------------------------------------------------------------------------
+# The parent: children, crashes, the budget
+# ---------------------------------------------------------------------------
+
+
+class _Child:
+    """A child process running cases; `events()` yields its JSON lines, or one "crash"/"timeout" event."""
+
+    def __init__(self, cases: list[tuple[str, int, bool]], deadline: float) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--child", str(deadline)], cwd=ROOT, env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("".join(json.dumps(list(c)) + "\n" for c in cases))
+        self.proc.stdin.close()
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        stdout = self.proc.stdout
+        assert stdout is not None
+        while True:
+            ready, _, _ = select.select([stdout], [], [], CASE_TIMEOUT)
+            if not ready:
+                self.proc.kill()
+                self.proc.wait()
+                yield {"stage": "timeout"}
+                return
+            line = stdout.readline()
+            if not line:
+                break
+            yield json.loads(line)
+        rc = self.proc.wait()
+        if rc != 0:
+            assert self.proc.stderr is not None
+            yield {"stage": "crash", "detail": f"exit status {rc}: {self.proc.stderr.read()[-3000:]}"}
+
+
+def _run_alone(name: str, seed: int, use_ort: bool) -> dict[str, Any]:
+    """Case (name, seed) alone in a fresh child: its outcome, crash or timeout included."""
+    started = kiln_ok = False
+    for event in _Child([(name, seed, use_ort)], time.time() + 3600).events():
+        if event["stage"] == "done":
+            return event
+        started |= event["stage"] == "start"
+        kiln_ok |= event["stage"] == KILN_OK
+        if event["stage"] in ("crash", "timeout"):
+            return {"case": [name, seed], "outcome": event["stage"], "kiln_ok": kiln_ok,
+                    "detail": event.get("detail", "")}
+    return {"case": [name, seed], "outcome": "crash", "detail": "the child exited without a report"}
+
+
+def fuzz(seconds: float, start: int = 0) -> tuple[int, list[dict[str, Any]], dict[str, int]]:
+    """Runs cases start, start+1, ... for about `seconds`: (cases run, bad or unverified outcomes, counts)."""
+    deadline = time.time() + seconds
+    index, ran = start, 0
+    findings: list[dict[str, Any]] = []
+    counts: dict[str, int] = {}
+
+    def record(outcome: dict[str, Any]) -> None:
+        nonlocal ran
+        ran += 1
+        counts[outcome["outcome"]] = counts.get(outcome["outcome"], 0) + 1
+        if outcome["outcome"] not in ("error", "match"):
+            findings.append(outcome)
+
+    while time.time() < deadline:
+        batch = [(*case_at(i), True) for i in range(index, index + 500)]
+        current: dict[str, Any] | None = None
+        kiln_ok = False
+        for event in _Child(batch, deadline).events():
+            stage = event["stage"]
+            if stage == "start":
+                current, kiln_ok = event, False
+            elif stage == KILN_OK:
+                kiln_ok = True
+            elif stage == "done":
+                record(event)
+                index = event["case"][1] + 1
+                current = None
+            elif current is None:  # died outside any case (at start-up): nothing to replay
+                findings.append({"case": None, "outcome": stage, "detail": event.get("detail", "")})
+                counts[stage] = counts.get(stage, 0) + 1
+                return ran, findings, counts
+            else:
+                name, seed = current["case"]
+                if kiln_ok:  # kiln ran; the reference died: onnx.reference alone judges the case
+                    outcome = _run_alone(name, seed, use_ort=False)
+                    outcome["note"] = f"onnxruntime died ({stage}) on this model"
+                else:  # confirm alone, so the report names the culprit, not a neighbour
+                    outcome = _run_alone(name, seed, use_ort=True)
+                    if outcome["outcome"] not in ("crash", "timeout"):
+                        outcome["detail"] = (f"{stage} in a batch, not alone ({outcome['outcome']} then): "
+                                             f"{event.get('detail', '')[-2000:]}")
+                        outcome["outcome"] = stage
+                record(outcome)
+                index = seed + 1
+    return ran, findings, counts
+
+
+def _summary(ran: int, findings: list[dict[str, Any]], counts: dict[str, int]) -> str:
+    lines = [f"{ran} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
+    for f in findings:
+        case = f.get("case")
+        replay = f"python tests/test_onnx_fuzz.py {case[0]} {case[1]}" if case else "(no case)"
+        lines.append(f"- {f['outcome']}: {replay}\n  mutations: {f.get('mutations')}\n  {f.get('detail', '')}")
+    return "\n".join(lines)
+
+
+def test_mutated_onnx_models_fail_with_kiln_errors_or_run_correctly(request: pytest.FixtureRequest) -> None:
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    seconds = request.config.getoption("--fuzz-long") or DEFAULT_SECONDS
+    ran, findings, counts = fuzz(float(seconds))
+    summary = _summary(ran, findings, counts)
+    print(summary)
+    assert ran >= 10, f"the fuzzer ran only {ran} cases in {seconds} s:\n{summary}"
+    bad = [f for f in findings if f["outcome"] in FAILURES]
+    assert not bad, summary
+
+
+def test_the_checks_see_what_they_must() -> None:
+    """The fuzzer's own judges: a mutation changes the model, names are recognized, numbers compared."""
+    pytest.importorskip("onnx")
+    data, notes = mutated("gemm", 3)
+    assert notes and data != gemm().SerializeToString()
+    assert mutated("gemm", 3) == (data, notes)  # deterministic
+    clean = gemm().SerializeToString()
+    assert names_something("Gemm node 'gemm_h': the bias C has shape (64, 1)", clean)
+    assert names_something("initializer 'w1': its data holds 3 elements", clean)
+    assert not names_something("something went wrong", clean)
+    one = np.ones(3, np.float32)
+    assert _compare([one], [one]) is None
+    assert _compare([one], [one + 1e-3]) is not None
+    assert _compare([one], [np.ones(4, np.float32)]) == "output 0 has shape (3,), the reference's (4,)"
+    assert _compare([one], [one.astype(np.float64)]) == "output 0 has dtype float32, the reference's float64"
+
+
+def _main(argv: list[str]) -> None:
+    if argv[:1] == ["--child"]:
+        _child(float(argv[1]))
+        return
+    os.environ.setdefault("KILN_CACHE_DIR", os.path.join(os.environ.get("TMPDIR", "/tmp"), "kiln-fuzz-cache"))
+    if argv[:1] == ["--seconds"]:
+        ran, findings, counts = fuzz(float(argv[1]), int(argv[2]) if len(argv) > 2 else 0)
+        print(_summary(ran, findings, counts))
+        return
+    name, seed = argv[0], int(argv[1])
+    print(json.dumps(run_case(name, seed, use_ort="--no-ort" not in argv), indent=1))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    _main(sys.argv[1:])
