@@ -37,7 +37,7 @@ Array = np.ndarray[Any, Any]
 
 def _channel_vector(scale: Array, ndim: int, axis: int, channels: int) -> Array | None:
     """`scale` as a (channels,) vector if it varies only along `axis` of a rank-`ndim` result."""
-    if scale.ndim > ndim:
+    if scale.ndim > ndim or not np.isfinite(scale).all():  # inf * W summed is nan where inf * (x @ W) is not
         return None
     padded = (1,) * (ndim - scale.ndim) + tuple(scale.shape)
     if any(d != 1 for i, d in enumerate(padded) if i != axis) or padded[axis] not in (1, channels):
