@@ -83,19 +83,8 @@ def compile_object(func: PrimFunc, target: Target, sources: bool = False) -> tup
         else {}: emitting the assembly costs about as much as the object code, so modules make it
         only when `get_source` asks).
     """
-    context = jit.new_context()
-    try:
-        mod, tm = jit.optimize(emit_llvm_ir(func, target), target, context)
-        try:
-            symbols = jit.external_symbols(mod)
-            obj = jit.emit_object(mod, tm)
-            texts = {"ll": str(mod), "asm": jit.emit_assembly(mod, tm)} if sources else {}
-        finally:
-            mod.close()
-            tm.close()
-    finally:
-        context.close()
-    return obj, symbols, texts
+    # In kiln's compiler child: LLVM's pass builder leaks native memory in the process that runs it.
+    return jit.compile_ir(emit_llvm_ir(func, target), target, func.name, sources)
 
 
 def build_cuda(prim: PrimFunc, target: Target) -> CudaModule:

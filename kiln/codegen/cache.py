@@ -51,7 +51,7 @@ def _codegen_version() -> str:
 
 CODEGEN_VERSION = _codegen_version()
 _MAGIC = b"KILNOBJ2"  # 2: with an HMAC tag
-_MEMORY_LIMIT = 256
+_MEMORY_LIMIT = 64  # live Modules: each holds a JIT engine, about 50 KB of native memory
 
 
 def enabled() -> bool:

@@ -16,9 +16,10 @@ was handed, and bind a missing one to address 0.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
-import functools
+import os
 import re
 import threading
 from collections.abc import Iterable
@@ -26,7 +27,7 @@ from typing import Any
 
 import llvmlite.binding as llvm
 
-from kiln.codegen import objfile
+from kiln.codegen import llvm_process, objfile
 from kiln.errors import KilnError
 from kiln.target import Target, llvm_check
 
@@ -62,7 +63,6 @@ def initialize() -> None:
         _INITIALIZED = True
 
 
-@functools.cache
 def kernel_symbol(name: str) -> str:
     """The machine-code symbol of kernel `name`: prefixed, so a kernel named `sin` or `free` never
     takes the place of the libm / libc function its own code calls."""
@@ -144,18 +144,58 @@ def optimize(text: str, target: Target, context: Any = None) -> tuple[Any, Any]:
     tm = create_target_machine(target)
     mod.triple = tm.triple
     mod.data_layout = str(tm.target_data)
-    level = int(target.get("opt-level", 3))
-    pto = llvm.create_pipeline_tuning_options(speed_level=level)  # size level 0 (no -Os)
-    pto.loop_vectorization = level >= 2
-    pto.slp_vectorization = level >= 2
-    pto.loop_unrolling = level >= 2
-    pb = llvm.create_pass_builder(tm, pto)
-    mpm = pb.getModulePassManager()
-    mpm.run(mod, pb)
-    mpm.close()  # each of the three holds native memory until closed (80 KB a kernel otherwise)
-    pb.close()
-    pto.close()
+    # In this process: llvmlite's pass builder leaks about 80 KB each time (see llvm_process),
+    # so kernels are compiled by `compile_ir` in a child; this is for tools and tests.
+    llvm_process.run_pipeline(mod, tm, int(target.get("opt-level", 3)))
     return mod, tm
+
+
+_COMPILER = llvm_process.Compiler()
+atexit.register(_COMPILER.close)
+
+
+def compile_ir(
+    text: str, target: Target, kernel: str, sources: bool = False
+) -> tuple[bytes, list[str], dict[str, str]]:
+    """Optimizes LLVM IR text and emits its object code, in kiln's compiler child process.
+
+    The child keeps LLVM's pass-builder memory out of this process (see `llvm_process`);
+    with `KILN_LLVM_CHILD=0`, or where no child can start, the work is done here.
+
+    Args:
+        text: the module's LLVM IR.
+        target: the llvm target.
+        kernel: the kernel's name, for the messages.
+        sources: also return {"ll": optimized IR, "asm": assembly}.
+
+    Returns:
+        (object code, external symbols it calls, the texts or {}).
+
+    Raises:
+        CodegenError: when LLVM rejects the IR or ends the child while compiling it.
+        TargetError: for a CPU, feature or triple that LLVM does not know.
+    """
+    initialize()
+    cpu, features = cpu_and_features(target)
+    triple = target_triple(target)
+    llvm_check.check_llvm_options(cpu, tuple(target.get("mattr") or ()), triple)
+    request: dict[str, Any] = {"text": text, "triple": triple, "cpu": cpu, "features": features,
+                               "level": int(target.get("opt-level", 3)), "sources": sources}
+    kind: str
+    payload: Any
+    kind, payload = ("unavailable", "") if os.environ.get("KILN_LLVM_CHILD") == "0" \
+        else _COMPILER.compile(request)
+    if kind == "unavailable":
+        try:
+            kind, payload = "ok", llvm_process.compile_text(**request)
+        except llvm_process.IRRejected as exc:
+            kind, payload = "rejected", str(exc)
+    if kind == "rejected":
+        raise CodegenError(f"LLVM rejected the generated IR of kernel {kernel!r}: {payload}\n{_numbered(text)}")
+    if kind != "ok":
+        raise CodegenError(f"LLVM failed while compiling kernel {kernel!r} for {target}: {payload}")
+    texts = {"ll": payload["ll"], "asm": payload["asm"]} if sources else {}
+    return payload["obj"], external_symbol_names(payload["declared"]), texts
 
 
 def _numbered(text: str, limit: int = 200) -> str:
@@ -172,11 +212,13 @@ _LIBCALLS = {
 
 def external_symbols(mod: Any) -> list[str]:
     """Names the optimized module needs from outside: declared functions and the libm calls of intrinsics."""
+    return external_symbol_names(fn.name for fn in mod.functions if fn.is_declaration)
+
+
+def external_symbol_names(declared: Iterable[str]) -> list[str]:
+    """The symbols behind the functions a module declares: libm for intrinsics LLVM cannot expand."""
     names: set[str] = set()
-    for fn in mod.functions:
-        if not fn.is_declaration:
-            continue
-        name = fn.name
+    for name in declared:
         m = re.fullmatch(r"llvm\.(\w+)\.(f32|f64|v\d+f32|v\d+f64)", name)
         if m and m.group(1) in _LIBCALLS:
             base = _LIBCALLS[m.group(1)]

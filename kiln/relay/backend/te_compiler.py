@@ -210,7 +210,7 @@ def _one_thread_nests(body: Stmt) -> Stmt:
 
 _CACHE: OrderedDict[tuple[int, str], list[tuple[rx.Function, CompiledKernel]]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
-_CACHE_LIMIT = 512  # distinct (hash, target) keys kept
+_CACHE_LIMIT = 128  # distinct (hash, target) keys kept; each kernel holds a JIT engine (about 50 KB)
 
 
 def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: str = "fused") -> CompiledKernel:

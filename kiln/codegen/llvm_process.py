@@ -1,0 +1,235 @@
+"""LLVM's optimizer and code emitter, run in a child process that kiln replaces now and then.
+
+Why a child: llvmlite's `PassBuilder` allocates a `PassInstrumentationCallbacks`
+that nothing frees, and every pipeline built or run adds to it
+(llvmlite's ffi/newpassmanagers.cpp); no `close()` returns that memory. Measured
+with llvmlite 0.50 / LLVM 22: about 80 KB of native memory per optimized kernel,
+reusing one pass builder still 54 KB. So the process that compiles kernels grows
+without bound, and only a process that ends gives the memory back. Kiln's own
+process keeps the JIT engines (which free their code when closed); a child
+parses, optimizes and emits object code, and is replaced after `RECYCLE_AFTER`
+kernels. A side effect worth having: LLVM aborting during code generation ends
+the child, which kiln reports as an error, not the user's process.
+
+This file imports only the standard library and llvmlite: the child runs it with
+`runpy` (kiln itself is never imported there), so it starts in about 0.1 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import IO, Any
+
+import llvmlite.binding as llvm
+
+RECYCLE_AFTER = 200  # kernels per child: at most about 16 MB of leaked pass-builder memory in it
+_HEADER = struct.Struct("<Q")
+
+
+class IRRejected(Exception):
+    """LLVM's parser or verifier refused the IR text."""
+
+
+def initialize() -> None:
+    """Initializes LLVM's native target (idempotent)."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    llvm.initialize_native_asmparser()
+
+
+def target_machine(triple: str, cpu: str, features: str, level: int) -> Any:
+    """A new JIT-ready `llvm.TargetMachine` (the caller closes it)."""
+    return llvm.Target.from_triple(triple).create_target_machine(
+        cpu=cpu, features=features, opt=level, reloc="pic", codemodel="jitdefault", jit=True)
+
+
+def run_pipeline(mod: Any, tm: Any, level: int) -> None:
+    """Runs the new pass builder's O-`level` pipeline, with loop and SLP vectorization from O2, on `mod`."""
+    pto = llvm.create_pipeline_tuning_options(speed_level=level)  # size level 0 (no -Os)
+    pto.loop_vectorization = level >= 2
+    pto.slp_vectorization = level >= 2
+    pto.loop_unrolling = level >= 2
+    pb = llvm.create_pass_builder(tm, pto)
+    mpm = pb.getModulePassManager()
+    try:
+        mpm.run(mod, pb)
+    finally:
+        mpm.close()
+        pb.close()
+        pto.close()
+
+
+def compile_text(text: str, triple: str, cpu: str, features: str, level: int, sources: bool) -> dict[str, Any]:
+    """Parses, verifies, optimizes and emits LLVM IR `text`.
+
+    Returns:
+        {"obj": object code, "declared": names of the functions the module declares,
+        "ll": optimized IR, "asm": assembly}; the texts only when `sources`.
+
+    Raises:
+        IRRejected: when LLVM's parser or verifier refuses the text.
+    """
+    initialize()
+    context = llvm.create_context()
+    try:
+        try:
+            mod = llvm.parse_assembly(text, context=context)
+            mod.verify()
+        except RuntimeError as exc:
+            raise IRRejected(str(exc)) from None
+        tm = target_machine(triple, cpu, features, level)
+        try:
+            mod.triple = tm.triple
+            mod.data_layout = str(tm.target_data)
+            run_pipeline(mod, tm, level)
+            out: dict[str, Any] = {"obj": bytes(tm.emit_object(mod)),
+                                   "declared": [fn.name for fn in mod.functions if fn.is_declaration]}
+            if sources:
+                out["ll"] = str(mod)
+                out["asm"] = str(tm.emit_assembly(mod))
+        finally:
+            mod.close()
+            tm.close()
+    finally:
+        context.close()
+    return out
+
+
+# -- the child ----------------------------------------------------------------------------
+
+
+def _send(stream: IO[bytes], value: object) -> None:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: IO[bytes]) -> Any:
+    """The next message, or None at the end of the stream."""
+    head = stream.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(head)
+    data = stream.read(size)
+    if len(data) < size:
+        return None
+    return pickle.loads(data)  # from the parent that started this child, or the child it started
+
+
+def _serve() -> None:
+    """The child's loop: one request in, one reply out, until the parent closes the pipe."""
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything LLVM prints goes to stderr, never into the replies
+    requests = sys.stdin.buffer
+    initialize()
+    while (request := _receive(requests)) is not None:
+        try:
+            reply: tuple[str, Any] = ("ok", compile_text(**request))
+        except IRRejected as exc:
+            reply = ("rejected", str(exc))
+        except Exception as exc:  # reported to the parent, which raises kiln's error
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        sys.stderr.flush()
+        _send(replies, reply)
+
+
+# -- the parent ---------------------------------------------------------------------------
+
+
+class Compiler:
+    """The child process that compiles for this one; replaced after `recycle_after` kernels."""
+
+    def __init__(self, recycle_after: int = RECYCLE_AFTER) -> None:
+        self.recycle_after = recycle_after
+        self.started = 0  # children started so far (tests read it)
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._err: IO[bytes] | None = None
+        self._pid = 0
+        self._count = 0
+
+    def compile(self, request: dict[str, Any]) -> tuple[str, Any]:
+        """Compiles in the child: ("ok", `compile_text`'s result), ("rejected", LLVM's message),
+        ("error", what went wrong), ("died", LLVM's last words), or ("unavailable", why no child runs)."""
+        with self._lock:
+            try:
+                proc, err = self._start()
+            except OSError as exc:
+                return "unavailable", str(exc)
+            assert proc.stdin is not None and proc.stdout is not None
+            start = err.seek(0, os.SEEK_END)
+            try:
+                _send(proc.stdin, request)
+                reply = _receive(proc.stdout)
+            except (OSError, EOFError, pickle.UnpicklingError):
+                reply = None
+            if reply is None:
+                self._stop()
+                err.seek(start)
+                said = err.read().decode(errors="replace")
+                return "died", _last_words(said) or f"status {proc.returncode}"
+            self._count += 1
+            if self._count >= self.recycle_after:
+                self._stop()
+            kind, payload = reply  # ("kind", payload) from _serve
+            return str(kind), payload
+
+    def _start(self) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+        if self._proc is not None and self._err is not None and self._pid == os.getpid():
+            return self._proc, self._err
+        if self._err is not None:
+            self._err.close()
+            self._err = None
+        err = tempfile.TemporaryFile()  # noqa: SIM115  # the child's stderr, closed with the next child
+        code = f"import runpy; runpy.run_path({__file__!r}, run_name='__kiln_llvm_child__')"
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=err, close_fds=True)
+        except OSError:
+            err.close()
+            raise
+        self._proc, self._err, self._pid, self._count = proc, err, os.getpid(), 0
+        self.started += 1
+        return proc, err
+
+    def _stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or self._pid != os.getpid():
+            return
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def close(self) -> None:
+        """Ends the child (at exit, and in tests)."""
+        with self._lock:
+            self._stop()
+            if self._err is not None:
+                self._err.close()
+                self._err = None
+
+
+def _last_words(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "error" in ln.lower() or "assert" in ln.lower():
+            return ln
+    return lines[-1] if lines else ""
+
+
+if __name__ == "__kiln_llvm_child__":
+    _serve()
