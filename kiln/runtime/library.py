@@ -80,7 +80,7 @@ class Slot:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * numpy_dtype(self.dtype).itemsize
+        return math.prod(self.shape) * numpy_dtype(self.dtype).itemsize
 
 
 @attrs.frozen
