@@ -4,7 +4,9 @@ Each compiled kernel lives in its own MCJIT `ExecutionEngine`, built from an
 empty module plus the kernel's object code, and owning its own target machine.
 The engine is disposed of when the `runtime.Module` that holds it is garbage
 collected, so compiling and dropping many kernels does not grow memory without
-bound (MCJIT never frees code on its own).
+bound (MCJIT never frees code on its own). The optimizer and code emitter run in
+a child process (`compile_ir`, `llvm_process`): llvmlite's pass builder leaks
+about 80 KB per kernel wherever it runs, and only a process that ends returns it.
 
 Before any object code is linked (fresh compiles, cache hits and loaded
 libraries alike), `check_object` reads its ELF symbol table (`objfile`): every
