@@ -494,3 +494,30 @@ def test_inputs_and_initializers_without_names_are_named_by_position() -> None:
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [_io("x", [2])], [_io("y", [2])],
                    [numpy_helper.from_array(np.zeros(2, np.float32), "")])
     assert _import_error(model) == "initializer #0 has no name"
+
+
+def test_clip_by_an_infinite_bound_that_binds() -> None:
+    # max=-inf was skipped as if it bound nothing
+    x = np.array([-2, 0, 3], np.float32)
+    for lo, hi in [(-np.inf, -np.inf), (np.inf, np.inf), (-np.inf, np.inf), (-1.0, np.inf)]:
+        bounds = [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in (("lo", lo), ("hi", hi))]
+        model = _model([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], [_io("x", [3])], [_io("y", [3])],
+                       bounds)
+        np.testing.assert_array_equal(_run(model, x=x), _ort(model, x=x)[0])
+
+
+def test_graph_outputs_must_have_the_declared_type() -> None:
+    # the declaration used to be ignored; onnxruntime refuses the model
+    cast = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.DOUBLE)
+    model = _model([cast], [_io("x", [2, 3])], [_io("y", [2, 3])])
+    assert _import_error(model) == ("graph output 'y' is declared float32 but the graph computes "
+                                    "Tensor[(2, 3), float64]")
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_io("x", [2, 3])], [_io("y", [3, 2])])
+    assert _import_error(model) == ("graph output 'y' is declared with shape (3, 2) but the graph computes "
+                                    "Tensor[(2, 3), float32]")
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_io("x", [2, 3])], [_io("y", [2])])
+    assert "is declared with shape (2,)" in _import_error(model)
+    # symbolic or absent declarations accept what the graph computes
+    for declared in (["n", 3], [None, None], None):
+        model = _model([helper.make_node("Relu", ["x"], ["y"])], [_io("x", [2, 3])], [_io("y", declared)])
+        assert _run(model, x=np.ones((2, 3), np.float32)).shape == (2, 3)

@@ -125,8 +125,8 @@ def _clip(node: OnnxNode) -> Expr:
         if bound is None:
             continue
         value = _scalar(node, i, ("min", "max")[i - 1])
-        if value is not None and dtype.is_float and np.isinf(value):
-            continue
+        if value is not None and dtype.is_float and np.isinf(value) and (value < 0) == (i == 1):
+            continue  # min -inf or max +inf bounds nothing (max -inf makes everything -inf)
         shape = node.shape(bound)
         if any(d != 1 for d in shape):
             raise node.error(f"input #{i} ({('min', 'max')[i - 1]}) must be a scalar, found shape {shape}")
