@@ -51,7 +51,9 @@ _GRID = 4096.0  # exact float values are multiples of 1/_GRID ...
 _EXACT_LIMIT = 2048.0  # ... below this magnitude, so float32 holds them and their sums exactly
 _FLOAT_LIMIT = 1e6  # no drawn op makes a float larger than this
 _INT_LIMIT = 2**20  # nor an integer
-_MAX_ELEMENTS = 512  # nor a tensor with more elements
+_MAX_ELEMENTS = 1 << 14  # nor a tensor with more elements
+_SMALL_DIMS = (1, 2, 3, 4, 5)
+_LARGE_DIMS = (7, 8, 16, 17, 31, 64, 100)  # vector widths and tiles, with remainders
 # the relative error one inexact op may add: a few ulps, as fast vectorized exp/log/erf are allowed
 _EPS = {"float32": 1e-6, "float64": 1e-13}
 
@@ -148,11 +150,15 @@ class GraphBuilder:
         return bool(self.draw(st.booleans()))
 
     def dim(self) -> int:
-        return int(self.choose([1, 2, 3, 4, 5, 0] if self.zero_dims else [1, 2, 3, 4, 5]))
+        """A dim: mostly small, sometimes 0 (one in ten, when allowed), sometimes large."""
+        kind = self.integer(0, 9)
+        if kind == 9 and self.zero_dims:
+            return 0
+        return int(self.choose(_LARGE_DIMS if kind == 8 else _SMALL_DIMS))
 
     def shape(self, min_rank: int = 0, max_rank: int = 4) -> tuple[int, ...]:
         shape = tuple(self.dim() for _ in range(self.integer(min_rank, max_rank)))
-        while _size(shape) > _MAX_ELEMENTS // 4:  # shrink the largest dim until it is small
+        while _size(shape) > _MAX_ELEMENTS // 8:  # halve the largest dim until the tensor is small enough
             i = int(np.argmax(shape))
             shape = (*shape[:i], shape[i] // 2, *shape[i + 1 :])
         return shape
@@ -174,7 +180,7 @@ class GraphBuilder:
             data = self.rng.integers(-5, 6, shape).astype(dtype)
         data = np.asarray(data)
         expr: Expr
-        if self.flag():
+        if self.integer(0, 3) == 3:  # a constant, one leaf in four (the rest stay for the kernels to compute)
             expr = relay.const(data.copy(), dtype)
         else:
             name = f"x{self._names}"
@@ -243,7 +249,7 @@ class GraphBuilder:
         is_exact = exact and all(u.exact for u in inputs) and (dtype not in FLOATS or _on_grid(out))
         err = 0.0
         if not is_exact and dtype in FLOATS:
-            magnitude = max([1.0] + [float(np.max(np.abs(out)))] * bool(out.size))
+            magnitude = max(1.0, float(np.max(np.abs(out)))) if out.size else 1.0
             err = gain * sum(u.err for u in inputs) + _EPS[dtype] * magnitude
         for u in inputs:
             self.consumed.add(id(u))
@@ -256,8 +262,7 @@ class GraphBuilder:
         outputs = [v for v in self.pool if id(v) not in self.consumed]
         if len(self.pool) > 1 and self.flag():  # an output that other ops also read
             extra = self.choose(self.pool)
-            if extra not in outputs:
-                outputs.append(extra)
+            outputs.append(extra)  # maybe twice: one value in two places of the result
         if not outputs:  # pragma: no cover - the last value added is never consumed
             outputs = [self.pool[-1]]
         body: Expr = outputs[0].expr if len(outputs) == 1 else Tuple([v.expr for v in outputs])
@@ -458,7 +463,9 @@ def reduction(b: GraphBuilder) -> Value | None:
         return None  # numpy and the type relation refuse the max of nothing
     if kind == "mean" and count == 0 and not v.is_float:
         return None  # the integer mean of nothing is undefined
-    if kind == "prod" and v.data.size and count and float(np.max(np.abs(v.data))) ** count > _FLOAT_LIMIT:
+    if kind == "prod" and v.data.size and count * math.log(max(1.0, float(np.max(np.abs(v.data))))) > math.log(
+        _FLOAT_LIMIT
+    ):
         return None
     wide = _int_wide(v.data)
     with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -471,8 +478,11 @@ def reduction(b: GraphBuilder) -> Value | None:
         bound = np.sum(np.abs(v.data.astype(np.float64)), axis=tuple(axes))
         exact = not np.asarray(bound).size or float(np.max(bound)) < _EXACT_LIMIT
     expr = getattr(relay, kind)(v.expr, axis=axis, keepdims=keepdims, exclude=exclude)
-    gain = {"sum": float(count), "prod": count * max(1.0, float(np.max(np.abs(v.data))) if v.data.size else 1.0)
-            ** max(count - 1, 0)}.get(kind, 1.0)
+    gain = 1.0
+    if kind == "sum":
+        gain = float(count)
+    elif kind == "prod" and v.data.size and not exact:
+        gain = count * max(1.0, float(np.max(np.abs(v.data)))) ** max(count - 1, 0)  # finite: checked above
     value = b.result(expr, data, [v], exact=exact, dtype=v.dtype, gain=gain)
     if value is not None and kind == "mean" and count == 0:
         value.exact = False  # NaN: nothing may compare or cast it
@@ -652,7 +662,98 @@ def tuple_item(b: GraphBuilder) -> Value | None:
     return b.result(item, fields[i].data, [fields[i]], True, fields[i].dtype)
 
 
+def more_layout(b: GraphBuilder) -> Value | None:
+    """stack, tile, broadcast_to, take (clip and wrap) and pad (constant, edge, reflect, wrap)."""
+    v = b.pick(lambda u: True)
+    if v is None:
+        return None
+    kind = b.choose(["stack", "tile", "broadcast_to", "take", "pad"])
+    ndim = v.data.ndim
+    if kind == "stack":
+        parts = [v] + [_alike(b, v, v.shape) for _ in range(b.integer(0, 2))]
+        axis = b.integer(-ndim - 1, ndim)
+        data = np.stack([p.data for p in parts], axis=axis)
+        return b.result(relay.stack([p.expr for p in parts], axis), data, parts, True)
+    if kind == "tile":
+        reps = [b.choose([1, 2, 3]) for _ in range(b.integer(max(ndim - 1, 0), ndim + 1))] or [2]
+        return b.result(relay.tile(v.expr, reps), np.tile(v.data, reps), [v], True)
+    if kind == "broadcast_to":
+        shape = [b.dim() if d == 1 and b.flag() else d for d in v.shape]
+        shape = [b.dim() for _ in range(b.integer(0, 4 - len(shape)) if len(shape) < 4 else 0)] + shape
+        data = np.broadcast_to(v.data, shape).copy()
+        return b.result(relay.broadcast_to(v.expr, shape), data, [v], True)
+    if kind == "take":
+        mode = b.choose(["clip", "wrap"])
+        taken = b.integer(0, ndim - 1) if ndim and b.flag() else None
+        size = v.data.size if taken is None else v.shape[taken]
+        if size == 0:
+            return None  # no index is valid, clipped or wrapped
+        indices = b.leaf(b.shape(0, 2), "int32")
+        data = np.take(v.data, indices.data, axis=taken, mode=mode)
+        return b.result(relay.take(v.expr, indices.expr, taken, mode), data, [v, indices], True, v.dtype)
+    if ndim == 0:
+        return None
+    pad_mode = b.choose(["constant", "edge", "reflect", "wrap"])
+    width = [(b.integer(0, 2), b.integer(0, 2)) for _ in range(ndim)]
+    if pad_mode != "constant" and any(d == 0 and w != (0, 0) for d, w in zip(v.shape, width, strict=True)):
+        return None  # nothing to repeat
+    pairs = zip(v.shape, width, strict=True)
+    if pad_mode == "reflect" and any(max(w) >= d for d, w in pairs if w != (0, 0)):
+        return None  # a reflection reaches no further than the axis
+    value = b.choose([0.0, 1.5, -2.0]) if v.dtype in FLOATS else b.choose([0, 3])
+    if pad_mode == "constant":
+        data = np.pad(v.data, width, mode="constant", constant_values=value)
+    else:
+        data = np.pad(v.data, width, mode=pad_mode)
+    expr = relay.nn.pad(v.expr, width, relay.const(value, v.dtype), pad_mode)
+    return b.result(expr, data, [v], True)
+
+
+def more_nn(b: GraphBuilder) -> Value | None:
+    """argmax/argmin of exact values, leaky_relu, gelu, bias_add."""
+    v = b.pick(lambda u: u.dtype != "bool")
+    if v is None:
+        return None
+    kind = b.choose(["argmax", "argmin", "leaky_relu", "gelu", "bias_add"])
+    ndim = v.data.ndim
+    if kind in ("argmax", "argmin"):
+        if not v.exact or v.data.size == 0:
+            return None  # ties must be ties in compiled code too
+        axis = b.integer(0, ndim - 1) if ndim and b.flag() else None
+        keepdims = b.flag()
+        fn = np.argmax if kind == "argmax" else np.argmin
+        data = fn(v.data, axis=axis, keepdims=keepdims).astype(np.int32)
+        if axis is None and keepdims:
+            data = data.reshape((1,) * ndim)
+        return b.result(getattr(relay, kind)(v.expr, axis, keepdims), data, [v], True, "int32")
+    if not v.is_float:
+        return None
+    if kind == "leaky_relu":
+        alpha = b.choose([0.25, 0.1, 2.0])
+        data = np.where(v.data > 0, v.data, v.data * np.asarray(alpha, v.dtype))
+        return b.result(relay.nn.leaky_relu(v.expr, alpha), data, [v], alpha == 0.25, gain=2.0)
+    if kind == "gelu":
+        approximate = b.choose(["none", "tanh"])
+        x = v.data.astype(np.float64)
+        if approximate == "tanh":
+            data = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+        else:
+            data = 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+        gain = 2.0 + 0.2 * float(np.max(np.abs(x))) ** 2 if x.size else 2.0
+        return b.result(relay.nn.gelu(v.expr, approximate), data, [v], False, gain=gain)
+    if ndim == 0:
+        return None
+    axis = b.integer(-ndim, ndim - 1)
+    bias = _alike(b, v, (v.shape[axis],))
+    shape = [1] * ndim
+    shape[axis] = v.shape[axis]
+    data = v.data + bias.data.reshape(shape)
+    return b.result(relay.nn.bias_add(v.expr, bias.expr, axis), data, [v, bias], True)
+
+
 OPS: dict[str, Op] = {
+    "more_layout": more_layout,
+    "more_nn": more_nn,
     "binary": binary,
     "exact_unary": exact_unary,
     "float_unary": float_unary,
