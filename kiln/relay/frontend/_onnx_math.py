@@ -193,8 +193,9 @@ def _softmax(op_type: str, fn: Callable[..., Expr]) -> None:
         axis = node.int_attr("axis", 1)
         axis = axis + len(shape) if axis < 0 else axis
         inner = int(np.prod(shape[axis:]))
-        flat = relay.reshape(x, (int(np.prod(shape[:axis])), inner))
-        return relay.reshape(fn(flat, axis=1), shape)
+        # static sizes, so a 0 is an empty dim (allowzero), not "copy the input's dim"
+        flat = relay.reshape(x, (int(np.prod(shape[:axis])), inner), allowzero=True)
+        return relay.reshape(fn(flat, axis=1), shape, allowzero=True)
 
     @onnx_converter(op_type, since=13)
     def since_13(node: OnnxNode) -> Expr:
@@ -234,8 +235,8 @@ def _dense(node: OnnxNode, a: Expr, b_t: Expr) -> Expr:
         return relay.nn.dense(a, b_t)
     lead = node.static_shape(a)[:-1]
     n = node.static_shape(b_t)[0]
-    flat = relay.reshape(a, (-1, shape[-1]))  # type: ignore[arg-type]
-    return relay.reshape(relay.nn.dense(flat, b_t), (*lead, n))
+    flat = relay.reshape(a, (int(np.prod(lead)), shape[-1]), allowzero=True)  # type: ignore[arg-type]
+    return relay.reshape(relay.nn.dense(flat, b_t), (*lead, n), allowzero=True)
 
 
 @onnx_converter("MatMul", since=1)

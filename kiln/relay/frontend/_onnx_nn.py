@@ -175,12 +175,13 @@ def _conv(node: OnnxNode) -> Expr:
     xt = relay.transpose(_pad_axis(node, x, 2, win.begin[0], win.end[0]), (0, 2, 1, 3, 4))
     total: Expr | None = None
     for k in range(kd):
-        taps = relay.reshape(_slice(xt, k * dd, k * dd + sd * (od - 1) + 1, sd, axis=1), (n * od, c, h, wd))
-        y = conv2d(taps, relay.reshape(_slice(w, k, k + 1), (o, ig, kh, kw)), win.dims(1, 2))
+        taps = relay.reshape(_slice(xt, k * dd, k * dd + sd * (od - 1) + 1, sd, axis=1), (n * od, c, h, wd),
+                             allowzero=True)
+        y = conv2d(taps, relay.reshape(_slice(w, k, k + 1), (o, ig, kh, kw), allowzero=True), win.dims(1, 2))
         total = y if total is None else relay.add(total, y)
     assert total is not None  # kd >= 1
     _, _, oh, ow = node.static_shape(total)
-    return _bias(node, relay.transpose(relay.reshape(total, (n, od, o, oh, ow)), (0, 2, 1, 3, 4)), 2)
+    return _bias(node, relay.transpose(relay.reshape(total, (n, od, o, oh, ow), allowzero=True), (0, 2, 1, 3, 4)), 2)
 
 
 def _transpose_crops(node: OnnxNode, spatial: Sequence[Dim], win: _Window, output_padding: list[int],
@@ -274,16 +275,16 @@ def _conv_transpose(node: OnnxNode) -> Expr:
     if size < 1:
         raise node.error(f"the output depth would be {size}: input depth {d}, crops ({begin[0]}, {end[0]}), "
                          f"kernel {kd}, stride {sd}, dilation {dd}")
-    xt = relay.reshape(relay.transpose(x, (0, 2, 1, 3, 4)), (n * d, c, h, wd))
+    xt = relay.reshape(relay.transpose(x, (0, 2, 1, 3, 4)), (n * d, c, h, wd), allowzero=True)
     total: Expr | None = None
     for k in range(kd):
-        y = _conv_transpose2d(node, xt, relay.reshape(_slice(w, k, k + 1), (c, og, kh, kw)), win.dims(1, 2),
-                              groups)
+        tap = relay.reshape(_slice(w, k, k + 1), (c, og, kh, kw), allowzero=True)
+        y = _conv_transpose2d(node, xt, tap, win.dims(1, 2), groups)
         _, o, oh, ow = node.static_shape(y)
-        y = relay.reshape(y, (n, d, o, oh, ow))
+        y = relay.reshape(y, (n, d, o, oh, ow), allowzero=True)
         if sd > 1:  # input depth i at i * sd: sd - 1 zero planes after each
             y = _pad_axis(node, relay.expand_dims(y, 2), 2, 0, sd - 1)
-            y = relay.reshape(y, (n, d * sd, o, oh, ow))
+            y = relay.reshape(y, (n, d * sd, o, oh, ow), allowzero=True)
         placed = _place(node, y, 1, k * dd - begin[0], size)
         if placed is not None:
             total = placed if total is None else relay.add(total, placed)
@@ -320,11 +321,11 @@ def _pool(node: OnnxNode, kind: str) -> Expr:
     # 3-D: a window is the product of its dims' ranges, so max and sum separate; so does the average's
     # divisor (the taps counted in a window are a box too), so pooling (H, W) then D is exact.
     n, c, d, h, w = node.static_shape(0)
-    hw = _pool2d(relay.reshape(x, (n, c * d, h, w)), kind, win.dims(1, 2), ceil_mode, count_include_pad)
+    hw = _pool2d(relay.reshape(x, (n, c * d, h, w), allowzero=True), kind, win.dims(1, 2), ceil_mode, count_include_pad)
     _, _, oh, ow = node.static_shape(hw)
     depth = win.dims(0, -1)
-    out = _pool2d(relay.reshape(hw, (n, c, d, oh * ow)), kind, depth, ceil_mode, count_include_pad)
-    return relay.reshape(out, (n, c, node.static_shape(out)[2], oh, ow))
+    out = _pool2d(relay.reshape(hw, (n, c, d, oh * ow), allowzero=True), kind, depth, ceil_mode, count_include_pad)
+    return relay.reshape(out, (n, c, node.static_shape(out)[2], oh, ow), allowzero=True)
 
 
 @onnx_converter("MaxPool", since=1)
@@ -443,14 +444,14 @@ def _layer_norm(node: OnnxNode) -> Expr | list[Expr]:
     stash = onnx_dtype(node.int_attr("stash_type", 1), f"{node}: stash_type")
     stats = any(node.outputs[1:])
     inner = [d for d in shape[axis:] if isinstance(d, int)]
-    if not stats and stash == dtype and eps > 0 and len(inner) == rank - axis:
+    if not stats and stash == dtype and eps > 0 and len(inner) == rank - axis and 0 not in inner:
         # One axis for nn.layer_norm: the normalized dims flattened; Scale and B broadcast to them first.
         size = math.prod(inner)
 
         def flat(v: Expr) -> Expr:
             if list(node.shape(v)) != inner:
                 v = relay.broadcast_to(v, inner)
-            return relay.reshape(v, (size,))
+            return relay.reshape(v, (size,), allowzero=True)
 
         beta = flat(bias) if bias is not None else relay.zeros((size,), dtype)
         out = relay.nn.layer_norm(relay.reshape(x, (*[0] * axis, size)), flat(scale), beta, axis=-1, epsilon=eps,
@@ -585,9 +586,10 @@ def _antialias_resize(node: OnnxNode, x: Expr, sizes: list[int], axes: list[int]
             continue
         weights = relay.const(_antialias_weights(ax, mode, method, a, exclude).astype(dtype.numpy()))
         perm = [i for i in range(len(shape)) if i != axis] + [axis]
-        moved = relay.reshape(relay.transpose(x, perm), (-1, shape[axis]))
+        rows = math.prod(shape[i] for i in perm[:-1])
+        moved = relay.reshape(relay.transpose(x, perm), (rows, shape[axis]), allowzero=True)
         shape[axis] = sizes[k]
-        resized = relay.reshape(relay.nn.dense(moved, weights), [shape[i] for i in perm])
+        resized = relay.reshape(relay.nn.dense(moved, weights), [shape[i] for i in perm], allowzero=True)
         x = relay.transpose(resized, [perm.index(i) for i in range(len(shape))])
     return x
 

@@ -116,9 +116,9 @@ def _flatten(node: OnnxNode) -> Expr:
         raise node.error(f"axis {axis} is out of range for an input of rank {rank} (allowed: {-rank} to {rank})")
     axis = axis + rank if axis < 0 else axis
     outer, inner = _static(dims[:axis]), _static(dims[axis:])
-    if outer is not None and inner is not None:
-        newshape = [int(np.prod(outer)), int(np.prod(inner))]
-    elif axis == 1:
+    if outer is not None and inner is not None:  # static: a 0 is an empty dim (allowzero), not a copy
+        return relay.reshape(x, [int(np.prod(outer)), int(np.prod(inner))], allowzero=True)
+    if axis == 1:
         newshape = [0, -1]  # 0 copies the (symbolic) first dim
     elif inner is not None:
         newshape = [-1, int(np.prod(inner))]
