@@ -90,6 +90,8 @@ class _Solver:
     def __init__(self) -> None:
         self.parent: dict[int, Type] = {}
         self.complete: dict[int, Type] = {}  # id -> type, for types without an IncompleteType
+        # id -> (type, its resolution) where that is complete: it stays so whatever is unified later
+        self.solved: dict[int, tuple[Type, Type]] = {}
 
     def find(self, t: Type) -> Type:
         """The representative of `t`'s class (itself unless it is a solved IncompleteType)."""
@@ -127,20 +129,24 @@ class _Solver:
                 return root
         done: dict[int, Type] = {}
         stack: list[tuple[Type, bool]] = [(t, False)]
+        solved = self.solved
         while stack:
             x, ready = stack.pop()
             if id(x) in known:
                 done[id(x)] = x
                 continue
+            if id(x) in solved:
+                done[id(x)] = solved[id(x)][1]
+                continue
             if not ready and id(x) in done:
                 continue
             kids = self._kids(x)
-            todo = [k for k in kids if id(k) not in done and id(k) not in known]
+            todo = [k for k in kids if id(k) not in done and id(k) not in known and id(k) not in solved]
             if not ready and todo:
                 stack.append((x, True))
                 stack.extend((k, False) for k in reversed(todo))
                 continue
-            new = [done.get(id(k), k) for k in kids]
+            new = [done[id(k)] if id(k) in done else solved[id(k)][1] if id(k) in solved else k for k in kids]
             same = all(a is b for a, b in zip(new, kids, strict=True))
             out: Type
             if isinstance(x, IncompleteType):
@@ -157,6 +163,8 @@ class _Solver:
                     known[id(out)] = out
             elif not isinstance(out, IncompleteType) and is_complete(out):
                 known[id(out)] = out
+            if out is not x and id(out) in known:
+                solved[id(x)] = (x, out)
         return done[id(t)]
 
     def unify(self, a: Type, b: Type) -> Type:
