@@ -126,3 +126,24 @@ def test_the_child_is_replaced_after_recycle_after_kernels_and_results_stay_righ
         assert compiler.started == 3  # kernels 1-3, 4-6, 7
     finally:
         compiler.close()
+
+
+def test_without_a_working_child_kernels_compile_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_CACHE", "0")
+    compiler = llvm_process.Compiler()
+    monkeypatch.setattr(jit, "_COMPILER", compiler)
+    monkeypatch.setattr(llvm_process.sys, "executable", "/bin/false")  # an embedded interpreter, say
+    try:
+        x = np.arange(8, dtype=np.float32)
+        for k in range(2):
+            n = tir.Var("n")
+            a, b = tir.buffer("A", (n,), "float32"), tir.buffer("B", (n,), "float32")
+            i = tir.Var("i")
+            body = tir.for_range(i, n, tir.BufferStore(b, a.load(i) * tir.FloatImm("float32", k + 2.0), (i,)))
+            out = np.zeros_like(x)
+            kiln.build(tir.PrimFunc(f"mul{k}", [a, b], body))(x, out)
+            np.testing.assert_array_equal(out, x * (k + 2))
+        assert compiler.started == 1  # tried once, then not again
+        assert compiler.compile({})[0] == "unavailable"
+    finally:
+        compiler.close()

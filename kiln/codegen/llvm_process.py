@@ -130,6 +130,9 @@ def _serve() -> None:
     requests = sys.stdin.buffer
     initialize()
     while (request := _receive(requests)) is not None:
+        if request == "ping":
+            _send(replies, ("pong", None))
+            continue
         try:
             reply: tuple[str, Any] = ("ok", compile_text(**request))
         except IRRejected as exc:
@@ -154,6 +157,7 @@ class Compiler:
         self._err: IO[bytes] | None = None
         self._pid = 0
         self._count = 0
+        self._broken = ""  # why no child can run here (then every compile is "unavailable")
 
     def compile(self, request: dict[str, Any]) -> tuple[str, Any]:
         """Compiles in the child: ("ok", `compile_text`'s result), ("rejected", LLVM's message),
@@ -184,6 +188,8 @@ class Compiler:
     def _start(self) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
         if self._proc is not None and self._err is not None and self._pid == os.getpid():
             return self._proc, self._err
+        if self._broken:
+            raise OSError(self._broken)
         if self._err is not None:
             self._err.close()
             self._err = None
@@ -197,6 +203,19 @@ class Compiler:
             raise
         self._proc, self._err, self._pid, self._count = proc, err, os.getpid(), 0
         self.started += 1
+        # A child that cannot answer (sys.executable is not a Python with llvmlite, e.g. in an
+        # embedded interpreter) is not tried again: compiling falls back to this process.
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            _send(proc.stdin, "ping")
+            pong = _receive(proc.stdout)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            pong = None
+        if pong != ("pong", None):
+            self._stop()
+            err.seek(0)
+            self._broken = f"the compiler child did not start: {_last_words(err.read().decode(errors='replace'))}"
+            raise OSError(self._broken)
         return proc, err
 
     def _stop(self) -> None:
