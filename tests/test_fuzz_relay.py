@@ -70,8 +70,14 @@ def test_generated_graphs_type_check_to_the_types_of_numpys_outputs(case: fuzz.F
     # well typed by construction: the relations agree with the numpy values the generator computed
     func = relay.infer_type(case.func)
     ret = func.body.checked_type
-    types = list(ret.fields) if case.multiple else [ret]
     assert isinstance(ret, TupleType) == case.multiple
+    types, todo = [], [ret]
+    while todo:  # the tensor types in order, nested tuples flattened
+        ty = todo.pop(0)
+        if isinstance(ty, TupleType):
+            todo[:0] = list(ty.fields)
+        else:
+            types.append(ty)
     assert len(types) == len(case.expected)
     for ty, want in zip(types, case.expected, strict=True):
         assert ty == TensorType(want.shape, str(want.dtype))
@@ -110,5 +116,6 @@ def test_check_case_allows_rounding_but_not_a_relative_error_of_1e_3() -> None:
     fuzz.check_case(case(5))  # the library's exp is within the allowed rounding
     # (another shape: the kernel cache of te_compiler would serve the kernel compiled before the registration)
     register_implementation("exp", wrong, default_schedule(OpPattern.ELEMWISE), name="wrong", priority=100)
-    with pytest.raises(AssertionError, match=r"output 0 \(compiled vs numpy\): max abs error 0\.00739 \(allowed 3\.2e-05\)"):
+    message = r"output 0 \(compiled vs numpy\): max abs error 0\.00739 \(allowed 3\.2e-05\)"
+    with pytest.raises(AssertionError, match=message):
         fuzz.check_case(case(4))

@@ -51,7 +51,7 @@ _GRID = 4096.0  # exact float values are multiples of 1/_GRID ...
 _EXACT_LIMIT = 2048.0  # ... below this magnitude, so float32 holds them and their sums exactly
 _FLOAT_LIMIT = 1e6  # no drawn op makes a float larger than this
 _INT_LIMIT = 2**20  # nor an integer
-_MAX_ELEMENTS = 1 << 14  # nor a tensor with more elements
+_MAX_ELEMENTS = 1 << 16  # nor a tensor with more elements (past 16K, CPU schedules go parallel)
 _SMALL_DIMS = (1, 2, 3, 4, 5)
 _LARGE_DIMS = (7, 8, 16, 17, 31, 64, 100)  # vector widths and tiles, with remainders
 # the relative error one inexact op may add: a few ulps, as fast vectorized exp/log/erf are allowed
@@ -136,6 +136,7 @@ class GraphBuilder:
         self.params: list[Var] = []
         self.inputs: dict[str, Array] = {}
         self.consumed: set[int] = set()
+        self.tuples: list[tuple[Expr, list[Value]]] = []  # tuple-valued expressions and their fields
         self._names = 0
 
     # --- draws -------------------------------------------------------------------------
@@ -157,8 +158,13 @@ class GraphBuilder:
         return int(self.choose(_LARGE_DIMS if kind == 8 else _SMALL_DIMS))
 
     def shape(self, min_rank: int = 0, max_rank: int = 4) -> tuple[int, ...]:
-        shape = tuple(self.dim() for _ in range(self.integer(min_rank, max_rank)))
-        while _size(shape) > _MAX_ELEMENTS // 8:  # halve the largest dim until the tensor is small enough
+        """A shape; one in eight is made of large dims only (work enough for the parallel schedules)."""
+        rank = self.integer(min_rank, max_rank)
+        if rank and self.integer(0, 7) == 7:
+            shape = tuple(int(self.choose(_LARGE_DIMS)) for _ in range(rank))
+        else:
+            shape = tuple(self.dim() for _ in range(rank))
+        while _size(shape) > _MAX_ELEMENTS // 2:  # halve the largest dim until the tensor is small enough
             i = int(np.argmax(shape))
             shape = (*shape[:i], shape[i] // 2, *shape[i + 1 :])
         return shape
@@ -265,9 +271,15 @@ class GraphBuilder:
             outputs.append(extra)  # maybe twice: one value in two places of the result
         if not outputs:  # pragma: no cover - the last value added is never consumed
             outputs = [self.pool[-1]]
-        body: Expr = outputs[0].expr if len(outputs) == 1 else Tuple([v.expr for v in outputs])
+        exprs = [v.expr for v in outputs]
+        if self.tuples and self.flag():  # a whole tuple among the outputs: a nested result
+            whole, fields = self.choose(self.tuples)
+            at = self.integer(0, len(exprs))
+            exprs.insert(at, whole)
+            outputs[at:at] = fields  # the outputs before `at` are one tensor each
+        body: Expr = exprs[0] if len(exprs) == 1 else Tuple(exprs)
         func = Function(self.params, body)
-        return FuzzCase(func, dict(self.inputs), tuple(v.data for v in outputs), len(outputs) > 1,
+        return FuzzCase(func, dict(self.inputs), tuple(v.data for v in outputs), len(exprs) > 1,
                         tuple(v.exact for v in outputs), tuple(v.err for v in outputs))
 
 
@@ -598,6 +610,7 @@ def join(b: GraphBuilder) -> Value | None:
         pieces = np.split(v.data, sections, axis=axis)
     whole = relay.split(v.expr, sections, axis)
     b.consumed.add(id(v))
+    b.tuples.append((whole, [Value(TupleGetItem(whole, i), p, v.exact, v.err) for i, p in enumerate(pieces)]))
     picked = sorted({b.integer(0, len(pieces) - 1) for _ in range(b.integer(1, len(pieces)))})
     last = None
     for i in picked:
@@ -658,7 +671,9 @@ def tuple_item(b: GraphBuilder) -> Value | None:
     """A tuple of two or three values and one of its fields (a value read through a tuple)."""
     fields = [b.choose(b.pool) for _ in range(b.integer(2, 3))]
     i = b.integer(0, len(fields) - 1)
-    item = TupleGetItem(Tuple([f.expr for f in fields]), i)
+    whole = Tuple([f.expr for f in fields])
+    b.tuples.append((whole, fields))
+    item = TupleGetItem(whole, i)
     return b.result(item, fields[i].data, [fields[i]], True, fields[i].dtype)
 
 
