@@ -174,7 +174,10 @@ def llvm_names(triple: str) -> tuple[frozenset[str], frozenset[str]]:
             return _NAMES[arch]
     ok, text = _WORKER_PROCESS.ask({"op": "help", "triple": triple})
     if not ok:
-        raise TargetError(f"option -mtriple of target kind llvm: LLVM cannot compile for {triple!r}: {text}")
+        # The triple's arch and OS are this process's, so this is the check process failing
+        # (e.g. sys.executable is no Python with llvmlite): refuse rather than risk LLVM here.
+        raise TargetError(f"cannot check an llvm target other than this machine's: listing the CPUs and features "
+                          f"LLVM knows for {triple!r} failed ({text})")
     cpus: set[str] = set()
     features: set[str] = set()
     table: set[str] | None = None
