@@ -44,6 +44,7 @@ MAX_HEIGHT = 48
 # A shared sub-expression of pure index arithmetic is bound once its unfolded tree is this big.
 _INDEX_TREE_LIMIT = 64
 _INDEX_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "bool")
+_LEAVES = (Var, IntImm, FloatImm)
 
 
 def _kids(e: PrimExpr) -> tuple[PrimExpr, ...]:
@@ -102,14 +103,15 @@ def is_dag(roots: Sequence[PrimExpr]) -> bool:
     """Whether some node under `roots` is reached along two paths, or an expression is taller than `MAX_HEIGHT`."""
     order = _post_order(roots)
     height: dict[int, int] = {}
-    refs = 0
+    refs = sum(not isinstance(r, _LEAVES) for r in roots)
     for e in order:
         kids = _kids(e)
-        refs += len(kids)
+        refs += sum(not isinstance(k, _LEAVES) for k in kids)
         height[id(e)] = 1 + max((height[id(k)] for k in kids), default=0)
         if height[id(e)] > MAX_HEIGHT:
             return True
-    return refs + len(roots) != len(order)
+    # a variable or constant read in several places is no DAG that matters
+    return refs != sum(not isinstance(e, _LEAVES) for e in order)
 
 
 def bind_expressions(
@@ -144,7 +146,7 @@ def bind_expressions(
         tree[id(e)] = 1 + sum(tree[id(k)] for k in kids)
         height[id(e)] = 1 + max((height[id(k)] for k in kids), default=0)
         out = _rebuild(e, tuple(new[id(k)] for k in kids))
-        leaf = isinstance(e, (Var, IntImm, FloatImm))
+        leaf = isinstance(e, _LEAVES)
         index_only = e.dtype in _INDEX_DTYPES and not has_load[id(e)]
         shared = parents[id(e)] > 1
         if not leaf and (
@@ -169,6 +171,8 @@ def _bind_stmt(s: Stmt, make: Callable[[list[PrimExpr]], Stmt], roots: Sequence[
     if not is_dag(roots):
         return s
     lets, new = bind_expressions(roots)
+    if not lets:
+        return s
     return wrap_lets(lets, make(new))
 
 
