@@ -530,3 +530,16 @@ def test_static_shapes_with_empty_dims_flatten_and_reshape() -> None:
                    opset=11)
     x = np.zeros((2, 0, 3), np.float32)
     assert _run(model, x=x).shape == _ort(model, x=x)[0].shape == (2, 0, 3)
+
+
+def test_pads_given_empty_and_storage_order_out_of_range_are_errors() -> None:
+    # pads=[] was read as "no padding"; onnxruntime refuses it
+    w = numpy_helper.from_array(np.ones((1, 1, 3, 3), np.float32), "w")
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="c")
+    conv.attribute.append(helper.make_attribute("pads", [], attr_type=onnx.AttributeProto.INTS))
+    model = _model([conv], [_io("x", [1, 1, 4, 4])], [_io("y", [1, 1, 2, 2])], [w])
+    assert _import_error(model) == ("Conv node 'c': attribute 'pads' is []: expected 4 values >= 0 (the begins of "
+                                    "the spatial dims, then their ends)")
+    model = _model([helper.make_node("MaxPool", ["x"], ["y"], name="p", kernel_shape=[2, 2], storage_order=-1)],
+                   [_io("x", [1, 1, 4, 4])], [_io("y", [1, 1, 3, 3])])
+    assert _import_error(model) == "MaxPool node 'p': attribute 'storage_order' is -1: expected 0 or 1"

@@ -82,7 +82,8 @@ def _window(node: OnnxNode, spatial: Sequence[Dim], kernel: list[int]) -> _Windo
         raise node.error(f"strides {strides} and dilations {dilations} must be at least 1")
     auto_pad = node.attr("auto_pad", "NOTSET") or "NOTSET"
     if auto_pad == "NOTSET":
-        pads = node.ints_attr("pads", None) or [0] * (2 * nd)
+        pads = node.ints_attr("pads", None)  # absent: no padding; given, even empty: one per side
+        pads = [0] * (2 * nd) if pads is None else pads
         if len(pads) != 2 * nd or any(p < 0 for p in pads):
             raise node.error(f"attribute 'pads' is {pads}: expected {2 * nd} values >= 0 "
                              "(the begins of the spatial dims, then their ends)")
@@ -253,7 +254,8 @@ def _conv_transpose(node: OnnxNode) -> Expr:
     nd = _spatial_rank(node, "transposed convolution")
     x, w = node.input(0), node.input(1, "W")
     weight = _weight(node, nd)
-    pads = node.ints_attr("pads", None) or [0] * (2 * nd)
+    pads = node.ints_attr("pads", None)
+    pads = [0] * (2 * nd) if pads is None else pads
     if len(pads) != 2 * nd:
         raise node.error(f"attribute 'pads' is {pads}: expected {2 * nd} values")
     win = _Window(_kernel(node, weight[2:]), _ints(node, "strides", nd, 1), _ints(node, "dilations", nd, 1),
@@ -330,7 +332,9 @@ def _pool(node: OnnxNode, kind: str) -> Expr:
 
 @onnx_converter("MaxPool", since=1)
 def _max_pool(node: OnnxNode) -> Expr:
-    # The Indices output is not produced: the importer rejects a model that uses it.
+    # The Indices output is not produced: the importer rejects a model that uses it. storage_order only
+    # orders those indices, but a value other than 0 or 1 is still a malformed node.
+    node.bool_attr("storage_order", False)
     return _pool(node, "max")
 
 
