@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln import tir
+from kiln import te, tir
 from kiln.codegen import jit
 from kiln.codegen.llvm import emit_llvm_ir
 from kiln.runtime.module import KernelMemoryError
@@ -469,3 +469,20 @@ def test_a_temporary_too_large_to_allocate_raises_and_the_kernel_stays_usable(ki
     out = np.zeros_like(a)
     m(a, out)
     np.testing.assert_allclose(out, a * 2 + 1)
+
+
+def test_a_vectorized_loop_reads_a_broadcast_operand_lane_by_lane() -> None:
+    # found by the Relay fuzzer: with llvm.loop.unroll.disable beside the vectorize hints, LLVM read
+    # B[j, 0, w] of this fused loop as 16 consecutive floats (384 of 512 elements wrong)
+    a = te.placeholder((16, 2, 4, 4), "float32", name="A")
+    b = te.placeholder((2, 1, 4), "float32", name="B")
+    c = te.compute(a.shape, lambda i, j, k, w: a[i, j, k, w] + b[j, 0, w], name="C")
+    s = te.create_schedule(c)
+    _, inner = s[c].split(s[c].fuse(*c.op.axis), factor=16)
+    s[c].vectorize(inner)
+    mod = kiln.build(s, [a, b, c], name="broadcast_add")
+    x = np.arange(512, dtype="float32").reshape(16, 2, 4, 4)
+    y = np.arange(8, dtype="float32").reshape(2, 1, 4) * 1000
+    out = np.zeros_like(x)
+    mod(x, y, out)
+    np.testing.assert_array_equal(out, x + y)

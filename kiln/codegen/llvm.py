@@ -395,7 +395,9 @@ class CodeGenLLVM:
             return None
         return _LoopMD(m, [m.add_metadata(["llvm.loop.vectorize.enable", ir.Constant(I1, 1)]),
                            m.add_metadata(["llvm.loop.vectorize.width", ir.Constant(I32, width)]),
-                           m.add_metadata(["llvm.loop.unroll.disable"]),
+                           # not llvm.loop.unroll.disable: with it, LLVM 22's vectorizer miscompiles some gathers
+                           # (a broadcast operand read as consecutive: (16,2,4,4) + (2,1,4) went wrong)
+                           m.add_metadata(["llvm.loop.unroll.runtime.disable"]),
                            m.add_metadata(["llvm.loop.vectorize.followup_vectorized",
                                            m.add_metadata(["llvm.loop.isvectorized"])])])
 
