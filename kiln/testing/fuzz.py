@@ -45,8 +45,9 @@ from kiln.relay.expr import Expr, Function, Tuple, TupleGetItem, Var
 Array = np.ndarray[Any, Any]
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
-FLOATS = ("float32", "float64")
-NUMERIC = ("float32", "float64", "int32")
+FLOATS = ("float16", "float32", "float64")
+NUMERIC = ("float32", "float64", "int32")  # the dtypes of inputs and constants
+CASTS = ("float16", "float32", "float64", "int8", "uint8", "int32", "int64")  # the dtypes casts make
 _GRID = 4096.0  # exact float values are multiples of 1/_GRID ...
 _EXACT_LIMIT = 2048.0  # ... below this magnitude, so float32 holds them and their sums exactly
 _FLOAT_LIMIT = 1e6  # no drawn op makes a float larger than this
@@ -55,7 +56,7 @@ _MAX_ELEMENTS = 1 << 16  # nor a tensor with more elements (past 16K, CPU schedu
 _SMALL_DIMS = (1, 2, 3, 4, 5)
 _LARGE_DIMS = (7, 8, 16, 17, 31, 64, 100)  # vector widths and tiles, with remainders
 # the relative error one inexact op may add: a few ulps, as fast vectorized exp/log/erf are allowed
-_EPS = {"float32": 1e-6, "float64": 1e-13}
+_EPS = {"float16": 1e-3, "float32": 1e-6, "float64": 1e-13}
 
 
 @attrs.define
@@ -183,7 +184,7 @@ class GraphBuilder:
         elif dtype in FLOATS:
             data = (self.rng.integers(-8, 9, shape) / 4).astype(dtype)
         else:
-            data = self.rng.integers(-5, 6, shape).astype(dtype)
+            data = self.rng.integers(0 if dtype.startswith("u") else -5, 6, shape).astype(dtype)
         data = np.asarray(data)
         expr: Expr
         if self.integer(0, 3) == 3:  # a constant, one leaf in four (the rest stay for the kernels to compute)
@@ -247,12 +248,21 @@ class GraphBuilder:
         if wide.size > _MAX_ELEMENTS:
             return None
         if wide.size and wide.dtype != np.bool_:
-            magnitude = float(np.max(np.abs(wide.astype(np.float64))))
-            limit = _FLOAT_LIMIT if dtype in FLOATS else _INT_LIMIT
-            if not math.isfinite(magnitude) or magnitude > limit:
+            as_float = wide.astype(np.float64)
+            magnitude = float(np.max(np.abs(as_float)))
+            if dtype in FLOATS:
+                lo, hi = -_FLOAT_LIMIT, _FLOAT_LIMIT
+                if dtype == "float16":
+                    lo, hi = -30000.0, 30000.0  # float16 ends at 65504
+            else:
+                info = np.iinfo(dtype)  # no overflow, not even a wrapping one: compiled code may assume none
+                lo, hi = max(info.min, -_INT_LIMIT), min(info.max, _INT_LIMIT)
+            if not math.isfinite(magnitude) or float(np.min(as_float)) < lo or float(np.max(as_float)) > hi:
                 return None
         out = np.asarray(wide.astype(dtype))
-        is_exact = exact and all(u.exact for u in inputs) and (dtype not in FLOATS or _on_grid(out))
+        # float16 is a storage type: compiled code may compute a fused group in float32, rounding once
+        is_exact = exact and all(u.exact for u in inputs) and dtype != "float16" and (
+            dtype not in FLOATS or _on_grid(out))
         err = 0.0
         if not is_exact and dtype in FLOATS:
             magnitude = max(1.0, float(np.max(np.abs(out)))) if out.size else 1.0
@@ -356,7 +366,8 @@ def exact_unary(b: GraphBuilder) -> Value | None:
 
 
 def _int_wide(data: Array) -> Array:
-    return data.astype(np.int64) if data.dtype == np.int32 else data
+    """Integers as int64, so that numpy shows an overflow of the narrower dtype rather than wrapping."""
+    return data.astype(np.int64) if data.dtype.kind in "iu" else data
 
 
 def binary(b: GraphBuilder) -> Value | None:
@@ -442,15 +453,28 @@ def compare(b: GraphBuilder) -> Value | None:
 
 
 def cast(b: GraphBuilder) -> Value | None:
-    """A cast between float32, float64, int32 and from bool; to int only from exact floats."""
+    """A cast between the dtypes of `CASTS`, and from bool; floats to ints only when exact and in range."""
     v = b.pick(lambda u: True)
     if v is None:
         return None
-    targets = [d for d in NUMERIC if d != v.dtype and (d in FLOATS or not v.is_float or v.exact)]
+
+    def fits(dtype: str) -> bool:
+        if dtype in FLOATS or not v.is_float:
+            return True  # integers wrap into narrower ones, in numpy and in compiled code alike
+        info = np.iinfo(dtype)  # a float out of the integer's range converts to anything at all
+        inside = not v.data.size or (float(np.min(v.data)) > info.min - 1 and float(np.max(v.data)) < info.max + 1)
+        return v.exact and inside
+
+    targets = [d for d in CASTS if d != v.dtype and fits(d)]
     if not targets:
         return None
     dtype = b.choose(targets)
-    return b.result(relay.cast(v.expr, dtype), v.data.astype(dtype), [v], True, dtype)
+    value = b.result(relay.cast(v.expr, dtype), v.data.astype(dtype), [v], True, dtype)
+    if value is not None and dtype == "float16" and v.exact:
+        # exact when nothing was rounded
+        value.exact = bool(np.array_equal(value.data.astype(np.float64), v.data.astype(np.float64)))
+        value.err = 0.0 if value.exact else value.err
+    return value
 
 
 def reduction(b: GraphBuilder) -> Value | None:
