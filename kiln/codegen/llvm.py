@@ -618,9 +618,9 @@ class CodeGenLLVM:
         args = [self.expr(a) for a in e.args]
         dt = e.args[0].dtype
         if is_float(dt):
-            if dt not in ("float32", "float64"):
+            if dt not in ("float16", "float32", "float64"):
                 raise CodegenError(f"intrinsic {e.name} on {dt}: the llvm back end computes float32/float64")
-            return llvm_math.emit_float_call(b, e.name, args)
+            return llvm_math.emit_float_call(b, e.name, args)  # float16 is in float32 registers: float32 math
         if e.name == "abs":
             return b.select(b.icmp_signed("<", args[0], ir.Constant(args[0].type, 0)),
                             b.sub(ir.Constant(args[0].type, 0), args[0]), args[0]) if _signed(dt) else args[0]
