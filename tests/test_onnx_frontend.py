@@ -543,3 +543,17 @@ def test_pads_given_empty_and_storage_order_out_of_range_are_errors() -> None:
     model = _model([helper.make_node("MaxPool", ["x"], ["y"], name="p", kernel_shape=[2, 2], storage_order=-1)],
                    [_io("x", [1, 1, 4, 4])], [_io("y", [1, 1, 3, 3])])
     assert _import_error(model) == "MaxPool node 'p': attribute 'storage_order' is -1: expected 0 or 1"
+
+
+def test_an_integer_to_a_fractional_power_truncates_the_result_not_the_exponent() -> None:
+    # the float exponent was cast to int64 first: 6 ** 0.9 came out 1 where onnxruntime gives 5
+    model = _model([helper.make_node("Pow", ["b", "e"], ["y"])], [_io("b", [4], TensorProto.INT64), _io("e", [4])],
+                   [_io("y", [4], TensorProto.INT64)], opset=15)
+    b, e = np.array([6, 6, 2, 9], np.int64), np.array([0.9, -0.5, 2.5, 0.5], np.float32)
+    np.testing.assert_array_equal(_run(model, b=b, e=e), _ort(model, b=b, e=e)[0])
+    np.testing.assert_array_equal(_run(model, b=b, e=e), [5, 0, 5, 3])
+
+
+def test_a_trailing_empty_input_past_the_schema_is_an_error() -> None:
+    model = _model([helper.make_node("Relu", ["x", ""], ["y"], name="r")], [_io("x", [2])], [_io("y", [2])])
+    assert _import_error(model) == "Relu node 'r' (opset 17) takes at most 1 input(s) (X), found 2: ['x', '']"

@@ -56,12 +56,12 @@ def check_node(proto: Any, label: str, opset: int, domain: str) -> None:
     single = onnx.defs.OpSchema.FormalParameterOption.Single
     variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
     inputs = [_key(n) for n in proto.input]
-    while inputs and not inputs[-1]:  # trailing "" leave optional inputs out, as if they were not listed
-        inputs.pop()
     names = ", ".join(p.name for p in schema.inputs) or "none"
-    if len(inputs) > schema.max_input:
+    if len(inputs) > schema.max_input:  # a trailing "" counts, as onnxruntime counts it
         raise OnnxImportError(f"{where} takes at most {schema.max_input} input(s) ({names}), found "
                               f"{len(inputs)}: {inputs}")
+    while inputs and not inputs[-1]:  # trailing "" leave optional inputs out, as if they were not listed
+        inputs.pop()
     for i, param in enumerate(schema.inputs):
         if param.option == single and (i >= len(inputs) or not inputs[i]):
             raise OnnxImportError(f"{where}: input #{i} ({param.name}) is required but "

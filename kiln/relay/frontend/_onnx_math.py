@@ -62,6 +62,11 @@ def _div(node: OnnxNode) -> Expr:
 def _pow(node: OnnxNode) -> Expr:
     base, exponent = node.input(0), node.input(1)
     dtype = node.dtype(base)
+    if not dtype.is_float and node.dtype(exponent).is_float:
+        # an integer to a fractional power: computed in float64 and truncated, as onnxruntime does (casting the
+        # exponent to the base's integer type would truncate it first: 6 ** 0.9 would be 1, not 5)
+        wide = relay.power(relay.cast(base, "float64"), relay.cast(exponent, "float64"))
+        return relay.cast(wide, dtype)
     if node.dtype(exponent) != dtype:
         exponent = relay.cast(exponent, dtype)
     return relay.power(base, exponent)
