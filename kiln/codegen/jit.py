@@ -31,7 +31,7 @@ import llvmlite.binding as llvm
 
 from kiln.codegen import llvm_process, objfile
 from kiln.errors import KilnError
-from kiln.target import Target, llvm_check
+from kiln.target import Target, detect, llvm_check
 
 
 class CodegenError(KilnError, ValueError):
@@ -323,6 +323,12 @@ class Engine:
         the object's own symbol table is read instead."""
         initialize()
         check_object(obj, kernel)
+        missing = detect.missing_features(target)
+        if missing:
+            raise CodegenError(
+                f"kernel {kernel!r} was compiled for {target}, which needs CPU feature(s) {', '.join(missing)} "
+                f"that this CPU ({detect.host_cpu().name}) lacks; it is not run here (build for this CPU: 'llvm')"
+            )
         tm = create_target_machine(target)
         empty = llvm.parse_assembly("")
         empty.triple = tm.triple

@@ -204,21 +204,6 @@ _SLOT_KINDS = ("input", "const", "temp", "output")
 _HEADER_KEYS = {"target", "slots", "launches", "inputs", "outputs", "storage_sizes", "constants", "kernels", "blobs"}
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
-# CPU names whose code needs these features (a target's -mcpu implies them without any -mattr):
-# a library for `-mcpu=skylake-avx512` is refused on a host without AVX-512 before it runs.
-_AVX512 = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client", "icelake-server",
-           "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d",
-           "diamondrapids", "knl", "knm", "znver4", "znver5", "x86-64-v4")
-_AVX2 = ("haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake", "arrowlake", "arrowlake-s",
-         "lunarlake", "pantherlake", "gracemont", "sierraforest", "grandridge", "clearwaterforest", "znver1",
-         "znver2", "znver3", "bdver4", "x86-64-v3")
-_CPU_FEATURES: dict[str, tuple[str, ...]] = {
-    **{c: ("avx", "avx2", "fma") for c in _AVX2},
-    **{c: ("avx", "avx2", "fma", "avx512f") for c in _AVX512},
-    **{c: ("avx",) for c in ("sandybridge", "ivybridge", "btver2", "bdver1", "bdver2", "bdver3")},
-}
-
-
 def check_host_target(target: Target) -> None:
     """Refuses an llvm target whose code this CPU cannot run: features its `-mattr` enables, or its
     `-mcpu` implies (for the CPU names kiln knows), that the host lacks.
@@ -228,17 +213,11 @@ def check_host_target(target: Target) -> None:
     """
     from kiln.target import detect
 
-    host = detect.host_cpu()
-    have = {f[1:] for f in host.features if f.startswith("+")}
-    attrs_ = [str(f) for f in target.get("mattr") or ()]
-    need = set(_CPU_FEATURES.get(str(target.get("mcpu") or ""), ()))
-    need -= {f[1:] for f in attrs_ if f.startswith("-")}
-    need |= {f[1:] for f in attrs_ if f.startswith("+")}
-    missing = sorted(need - have)
+    missing = detect.missing_features(target)
     if missing:
         raise LibraryFormatError(
             f"compiled for {target}, which needs CPU feature(s) {', '.join(missing)} that this CPU "
-            f"({host.name}) lacks; compile the model again on this machine (or for a target it supports)"
+            f"({detect.host_cpu().name}) lacks; compile the model again on this machine (or for a target it supports)"
         )
 
 

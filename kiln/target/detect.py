@@ -42,6 +42,34 @@ def host_cpu() -> HostCPU:
     )
 
 
+# CPU names whose code needs these features (a target's -mcpu implies them without any -mattr):
+# a library for `-mcpu=skylake-avx512` is refused on a host without AVX-512 before it runs.
+_AVX512 = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client", "icelake-server",
+           "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d",
+           "diamondrapids", "knl", "knm", "znver4", "znver5", "x86-64-v4")
+_AVX2 = ("haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake", "arrowlake", "arrowlake-s",
+         "lunarlake", "pantherlake", "gracemont", "sierraforest", "grandridge", "clearwaterforest", "znver1",
+         "znver2", "znver3", "bdver4", "x86-64-v3")
+_CPU_FEATURES: dict[str, tuple[str, ...]] = {
+    **{c: ("avx", "avx2", "fma") for c in _AVX2},
+    **{c: ("avx", "avx2", "fma", "avx512f") for c in _AVX512},
+    **{c: ("avx",) for c in ("sandybridge", "ivybridge", "btver2", "bdver1", "bdver2", "bdver3")},
+}
+
+
+def missing_features(target: Any) -> list[str]:
+    """The CPU features that code for llvm `target` may use and this host lacks, sorted.
+
+    Those its `-mattr` enables, and those its `-mcpu` implies for the CPU names above.
+    """
+    have = {f[1:] for f in host_cpu().features if f.startswith("+")}
+    attrs_ = [str(f) for f in target.get("mattr") or ()]
+    need = set(_CPU_FEATURES.get(str(target.get("mcpu") or ""), ()))
+    need -= {f[1:] for f in attrs_ if f.startswith("-")}
+    need |= {f[1:] for f in attrs_ if f.startswith("+")}
+    return sorted(need - have)
+
+
 def cuda_device(ordinal: int = 0) -> dict[str, Any] | None:
     """Returns the cuda target options of GPU `ordinal`, or None without cupy or a GPU."""
     try:
