@@ -610,6 +610,14 @@ def test_pad_builds_for_integers_and_large_inputs() -> None:
     check_build("nn.pad", rand(64, 300), np.array(0.0, np.float32), pad_width=((1, 2), (3, 4)), pad_mode="reflect")
 
 
+@pytest.mark.parametrize("pad_mode", ["constant", "edge", "reflect", "wrap"])
+def test_pad_leaves_an_empty_axis_it_does_not_pad(pad_mode) -> None:
+    # found by the Relay fuzzer: reflect refused a pad of (0, 0) on an axis of size 0, which numpy allows
+    x = np.zeros((3, 0), np.float32)
+    check_build("nn.pad", x, np.array(1.5, np.float32), pad_width=((1, 2), (0, 0)), pad_mode=pad_mode)
+    assert ref("nn.pad", x, np.array(1.5, np.float32), pad_width=((1, 2), (0, 0)), pad_mode=pad_mode).shape == (6, 0)
+
+
 def test_pad_wrap_builds_with_pads_wider_than_the_axis() -> None:
     # numpy's wrap repeats the axis as often as needed; the floor modulo does the same
     check_build("nn.pad", _ints(2, 3), np.array(0, np.int32), pad_width=((5, 3), (7, 4)), pad_mode="wrap")

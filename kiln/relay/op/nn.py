@@ -430,7 +430,7 @@ def _pad_rel(arg_types: list[Type], attrs: PadAttrs) -> Type | None:
     dtype = same_dtype([data.dtype, pad_value.dtype], attrs)
     shape: list[Dim] = []
     for axis, (d, (before, after)) in enumerate(zip(data.shape, attrs.pad_width, strict=True)):
-        if attrs.pad_mode == "reflect" and isinstance(d, int) and max(before, after) >= d:
+        if attrs.pad_mode == "reflect" and isinstance(d, int) and max(before, after) >= d and before + after:
             msg = f"reflect padding of axis {axis} by ({before}, {after}) needs each to be less than its size {d}"
             raise RelationError(msg, arg=0)
         if attrs.pad_mode in ("edge", "wrap") and d == 0 and before + after:
