@@ -618,6 +618,13 @@ def test_pad_leaves_an_empty_axis_it_does_not_pad(pad_mode) -> None:
     assert ref("nn.pad", x, np.array(1.5, np.float32), pad_width=((1, 2), (0, 0)), pad_mode=pad_mode).shape == (6, 0)
 
 
+def test_constant_pad_of_an_empty_axis_is_all_pad_value() -> None:
+    # found by the Relay fuzzer: the compute read the empty input at index 0 (the bounds check refused it)
+    x = np.zeros((1, 0, 2), np.float32)
+    check_build("nn.pad", x, np.array(1.5, np.float32), pad_width=((0, 1), (1, 1), (0, 0)))
+    assert ref("nn.pad", x, np.array(1.5, np.float32), pad_width=((0, 1), (1, 1), (0, 0))).shape == (2, 2, 2)
+
+
 def test_pad_wrap_builds_with_pads_wider_than_the_axis() -> None:
     # numpy's wrap repeats the axis as often as needed; the floor modulo does the same
     check_build("nn.pad", _ints(2, 3), np.array(0, np.int32), pad_width=((5, 3), (7, 4)), pad_mode="wrap")

@@ -466,6 +466,8 @@ def _pad_source(mode: str, i: PrimExpr, before: int, size: int) -> PrimExpr:
 def _pad_compute(attrs: PadAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     """Each padded axis reads its source index; in constant mode a select outside the input takes pad_value."""
     x, pad_value = inputs
+    if 0 in tensor_shape(x):  # an empty input (constant mode, or the output is empty too): only pad_value
+        return [te.compute(static_shape(out_type), lambda *i: pad_value[()], name="pad")]
     widths = zip(attrs.pad_width, tensor_shape(x), strict=True)
     padded = [(axis, before, size) for axis, ((before, after), size) in enumerate(widths) if before or after]
 
