@@ -40,7 +40,9 @@ from hypothesis import strategies as st
 
 from kiln import relay
 from kiln.ir.module import IRModule
+from kiln.ir.transform import PassContext
 from kiln.relay.expr import Expr, Function, Tuple, TupleGetItem, Var
+from kiln.relay.transform.fuse_ops import MAX_DEPTH_KEY
 
 Array = np.ndarray[Any, Any]
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -96,10 +98,13 @@ class FuzzCase:
     multiple: bool
     exact: tuple[bool, ...] = ()  # per output: must compiled code give numpy's very bits (default: all)
     errors: tuple[float, ...] = ()  # per output: the absolute error allowed where it need not
+    opt_level: int = 3  # relay.build's PassContext: opt level 0 fuses nothing
+    max_depth: int | None = None  # relay.FuseOps.max_depth: small values cut groups in odd places
 
     def __str__(self) -> str:
         shapes = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.inputs.items())
-        return f"{IRModule.from_expr(self.func)}\ninputs: {shapes}"
+        config = f"opt_level={self.opt_level}" + (f", max_depth={self.max_depth}" if self.max_depth else "")
+        return f"{IRModule.from_expr(self.func)}\ninputs: {shapes}\nbuilt with {config}"
 
     __repr__ = __str__
 
@@ -289,8 +294,10 @@ class GraphBuilder:
             outputs[at:at] = fields  # the outputs before `at` are one tensor each
         body: Expr = exprs[0] if len(exprs) == 1 else Tuple(exprs)
         func = Function(self.params, body)
+        opt_level = self.choose([3, 2, 1, 0])
+        max_depth = self.choose([None, 2, 3, 5])
         return FuzzCase(func, dict(self.inputs), tuple(v.data for v in outputs), len(exprs) > 1,
-                        tuple(v.exact for v in outputs), tuple(v.err for v in outputs))
+                        tuple(v.exact for v in outputs), tuple(v.err for v in outputs), opt_level, max_depth)
 
 
 # --- the ops ----------------------------------------------------------------------------------
@@ -870,7 +877,10 @@ def check_case(case: FuzzCase, target: str = "llvm") -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         reference = relay.create_executor("debug", mod)(**inputs)
-    got = relay.build(case.func, target=target).create_executor()(**inputs)
+    config = {} if case.max_depth is None else {MAX_DEPTH_KEY: case.max_depth}
+    with PassContext(opt_level=case.opt_level, verify=True, config=config):
+        lib = relay.build(case.func, target=target)
+    got = lib.create_executor()(**inputs)
     got_flat, ref_flat = _flat(got), _flat(reference)
     problems = []
     if len(got_flat) != len(case.expected) or len(ref_flat) != len(case.expected):
