@@ -557,3 +557,23 @@ def test_an_integer_to_a_fractional_power_truncates_the_result_not_the_exponent(
 def test_a_trailing_empty_input_past_the_schema_is_an_error() -> None:
     model = _model([helper.make_node("Relu", ["x", ""], ["y"], name="r")], [_io("x", [2])], [_io("y", [2])])
     assert _import_error(model) == "Relu node 'r' (opset 17) takes at most 1 input(s) (X), found 2: ['x', '']"
+
+
+def test_input_dtypes_follow_the_schemas_type_constraints() -> None:
+    # HardSigmoid of int64 ran with alpha and beta rounded to 0; onnxruntime has no such kernel
+    model = _model([helper.make_node("HardSigmoid", ["x"], ["y"], name="hs")], [_io("x", [3], TensorProto.INT64)],
+                   [_io("y", [3], TensorProto.INT64)])
+    assert _import_error(model) == ("HardSigmoid node 'hs' (opset 17): input #0 (X) is int64, which HardSigmoid "
+                                    "does not take (it takes double, float, float16)")
+    model = _model([helper.make_node("Add", ["a", "b"], ["y"], name="add")],
+                   [_io("a", [3]), _io("b", [3], TensorProto.DOUBLE)], [_io("y", [3])])
+    assert _import_error(model) == ("Add node 'add' (opset 17): input #1 (B) is double but input #0 is float; "
+                                    "both are of type T")
+    model = _model([helper.make_node("Reshape", ["x", "s"], ["y"], name="r")],
+                   [_io("x", [2, 3]), _io("s", [2], TensorProto.INT32)], [_io("y", [3, 2])])
+    assert "input #1 (shape) is int32, which Reshape does not take (it takes int64)" in _import_error(model)
+
+
+def test_an_unnamed_graph_output_is_named_by_position() -> None:
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_io("x", [2])], [_io("y", [2]), _io("", [2])])
+    assert _import_error(model) == "graph output #1 has no name"

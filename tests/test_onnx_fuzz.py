@@ -553,7 +553,8 @@ def mutated(name: str, seed: int) -> tuple[bytes, list[str]]:
 # ---------------------------------------------------------------------------
 
 _MODEL_LEVEL = ("not a readable ONNX model", "the model has no graph", "opset_import", "the graph has no outputs",
-                "op(s) kiln cannot convert", "the default ONNX opset", "graph input #", "initializer #")
+                "op(s) kiln cannot convert", "the default ONNX opset", "graph input #", "initializer #",
+                "graph output #")
 
 
 def names_something(message: str, data: bytes) -> bool:

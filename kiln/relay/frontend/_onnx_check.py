@@ -98,3 +98,40 @@ def check_node(proto: Any, label: str, opset: int, domain: str) -> None:
     missing = sorted(n for n, a in schema.attributes.items() if a.required and n not in seen)
     if missing:
         raise OnnxImportError(f"{where}: the required attribute(s) {missing} are missing")
+
+
+# kiln's dtype names as ONNX's type strings
+_TYPE_STRS = {"float32": "tensor(float)", "float64": "tensor(double)", "float16": "tensor(float16)",
+              "bfloat16": "tensor(bfloat16)", "int8": "tensor(int8)", "int16": "tensor(int16)",
+              "int32": "tensor(int32)", "int64": "tensor(int64)", "uint8": "tensor(uint8)", "bool": "tensor(bool)"}
+
+
+def check_input_types(proto: Any, label: str, opset: int, domain: str, dtypes: list[str | None]) -> None:
+    """Raises OnnxImportError when an input's dtype (None: absent) breaks the op's type constraints.
+
+    A converter would otherwise compute something for a dtype the op does not define (HardSigmoid of
+    int64 rounded its alpha to 0), and inputs bound to one type variable must share a dtype.
+    """
+    schema = _schema(_key(proto.op_type), opset, domain)
+    if schema is None or not schema.inputs:
+        return
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    bound: dict[str, tuple[int, str]] = {}
+    for i, dtype in enumerate(dtypes):
+        param = _formal(i, schema.inputs)
+        if dtype is None or param is None:
+            continue
+        type_str = _TYPE_STRS.get(dtype)
+        if type_str is None:
+            continue
+        variable = param.type_str
+        permitted = allowed.get(variable, {variable})
+        if type_str not in permitted:
+            shown = ", ".join(sorted(t[7:-1] for t in permitted if t.startswith("tensor(")))
+            raise OnnxImportError(f"{label} (opset {opset}): input #{i} ({param.name}) is {type_str[7:-1]}, "
+                                  f"which {_key(proto.op_type)} does not take (it takes {shown})")
+        if variable in allowed and param.is_homogeneous:
+            first = bound.setdefault(variable, (i, type_str))
+            if first[1] != type_str:
+                raise OnnxImportError(f"{label} (opset {opset}): input #{i} ({param.name}) is {type_str[7:-1]} "
+                                      f"but input #{first[0]} is {first[1][7:-1]}; both are of type {variable}")

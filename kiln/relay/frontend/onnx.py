@@ -523,7 +523,9 @@ class _Importer:
         for node in nodes:
             self.convert(node)
         outputs = []
-        for out in graph.output:
+        for index, out in enumerate(graph.output):
+            if not _key(out.name):
+                raise OnnxImportError(f"graph output #{index} has no name")
             if _key(out.name) not in self.values:
                 raise OnnxImportError(f"graph output {_quoted(out.name)} is not produced by any node, input or "
                                       "initializer")
@@ -650,6 +652,11 @@ class _Importer:
         inputs = [self.values[n] if n else None for n in map(_key, proto.input)]
         first = next((_shown(o) for o in proto.output if o), "")
         span = Span(_shown(proto.name) or f"{_shown(proto.op_type)}:{first}")
+        from kiln.relay.frontend._onnx_check import check_input_types
+
+        types = [None if e is None else self.typed(e, None).checked_type for e in inputs]
+        dtypes = [str(t.dtype) if isinstance(t, TensorType) else None for t in types]
+        check_input_types(proto, _label(proto), opset, domain, dtypes)
         with span_scope(span):
             node = OnnxNode(proto, opset, inputs, self)
             try:
