@@ -880,9 +880,16 @@ def check_case(case: FuzzCase, target: str = "llvm") -> None:
     config = {} if case.max_depth is None else {MAX_DEPTH_KEY: case.max_depth}
     with PassContext(opt_level=case.opt_level, verify=True, config=config):
         lib = relay.build(case.func, target=target)
-    got = lib.create_executor()(**inputs)
+    ex = lib.create_executor()
+    got = ex(**inputs)
     got_flat, ref_flat = _flat(got), _flat(reference)
     problems = []
+    # the second run takes the executor's fast path; the third gives it inputs in Fortran order
+    fortran = {k: np.array(v, order="F") for k, v in inputs.items()}  # (asfortranarray makes 0-d 1-d)
+    for again, how in ((inputs, "a second run"), (fortran, "Fortran inputs")):
+        for i, (first, later) in enumerate(zip(got_flat, _flat(ex(**again)), strict=True)):
+            if not np.array_equal(first, later, equal_nan=first.dtype.kind == "f"):
+                problems.append(f"output {i} of {how} differs from the first run's")
     if len(got_flat) != len(case.expected) or len(ref_flat) != len(case.expected):
         problems.append(
             f"{len(got_flat)} compiled and {len(ref_flat)} reference outputs where {len(case.expected)} were expected"
