@@ -28,6 +28,13 @@ Errors are kiln's: a model with unsupported ops fails once, listing every
 (op_type, opset) and the nodes that use it; a malformed model (a node reading a
 name nothing defines, a cycle, an initializer whose data does not fit its dims,
 an attribute of the wrong kind) raises `OnnxImportError` naming the node.
+Before any converter runs, every node of the default domain is held to its op's
+schema at the model's opset (_onnx_check.py): input and output counts, required
+inputs, known attributes of the declared kinds, and then, as it is converted,
+its inputs' dtypes; converters check that a bias or scale cannot broadcast the
+result to another shape. protobuf hands back names that are not UTF-8 as bytes:
+they are keyed with surrogateescape (so distinct names stay distinct) and shown
+with \\xNN in messages, spans and Relay variable names.
 """
 
 from __future__ import annotations
