@@ -171,6 +171,24 @@ def test_one_value_read_by_10000_consumers_type_checks_fuses_prints_and_parses()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_chain_of_1000_reshapes_builds_and_matches_numpy() -> None:
+    # each fused reshape divides and takes the remainder of the last one's flat index: the
+    # simplifier bounded each nested division from both sides per level (6 reshapes took 22 s)
+    x = relay.var("x", shape=(4, 6), dtype="float32")
+    y: relay.Expr = x
+    for k in range(1_000):
+        y = relay.reshape(y, (6, 4) if k % 2 == 0 else (4, 6))
+        if k % 3 == 0:
+            y = relay.negative(y)
+    func = relay.Function([x], relay.reshape(y, (6, 4)))
+    start = time.perf_counter()
+    lib = relay.build(func)
+    assert time.perf_counter() - start < HANG_GUARD_S
+    data = RNG.uniform(-1, 1, (4, 6)).astype("float32")
+    want = (-1.0) ** len(range(0, 1_000, 3)) * data.reshape(6, 4)
+    np.testing.assert_array_equal(lib.create_executor()(x=data), want)
+
+
 # -- nested tuples ---------------------------------------------------------------------------
 
 

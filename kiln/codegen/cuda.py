@@ -394,8 +394,7 @@ class _KernelWriter:
                     self.emit(f"const {_ctype(let.var.dtype)} {name} = {_bare(self.expr(let.value))};")
                     if self._variant(let.value):
                         self.variant.add(id(let.var))
-                    if let.value.dtype in ("int32", "int64") and let.var.dtype == let.value.dtype:
-                        scope.enter_context(self.ana.bound(let.var, let.value, let.value))
+                    scope.enter_context(self.ana.bound_let(let.var, let.value))
                 self.stmt(chain[-1].body, unbound)
         elif isinstance(s, Evaluate):
             self._evaluate(s)

@@ -81,8 +81,7 @@ def check_accesses(func: PrimFunc) -> None:
                 with ExitStack() as scope:
                     while True:
                         reads(s.value)  # loads bound to a let are as real as loads in the store
-                        if s.value.dtype == s.var.dtype:
-                            scope.enter_context(ana.bound(s.var, s.value, s.value))
+                        scope.enter_context(ana.bound_let(s.var, s.value))
                         if not isinstance(s.body, LetStmt):
                             break
                         s = s.body

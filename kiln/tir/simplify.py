@@ -20,7 +20,7 @@ stay in range.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
 from kiln.tir.expr import (
     EQ,
@@ -128,6 +128,15 @@ class Analyzer:
         self._bounds: dict[Var, tuple[Linear | None, Linear | None]] = {}
         self._visiting: set[Var] = set()
         self._depth: dict[Var, int] = {}  # when each bound was recorded
+        # Per node (by id, the node kept alive): its linear form and its interval under the bounds
+        # known now, cleared when a bound changes. Nested divisions (a chain of fused reshapes)
+        # bound each inner atom from both sides at every level: exponential without this.
+        self._linear_memo: dict[int, tuple[PrimExpr, Linear]] = {}
+        self._interval_memo: dict[int, tuple[PrimExpr, Interval]] = {}
+
+    def _forget(self) -> None:
+        self._linear_memo.clear()
+        self._interval_memo.clear()
 
     # -- bounds -------------------------------------------------------------------------
     @contextmanager
@@ -138,6 +147,7 @@ class Analyzer:
         try:
             yield
         finally:
+            self._forget()
             if old is None or old_depth is None:
                 self._bounds.pop(var, None)
                 self._depth.pop(var, None)
@@ -148,10 +158,23 @@ class Analyzer:
         """Records `lo <= var <= hi` from now on (None: unbounded on that side)."""
         if var.dtype not in LINEAR_DTYPES:
             return
+        self._forget()
         lin_lo = None if lo is None else self.linear(lo)
         lin_hi = None if hi is None else self.linear(hi)
         self._bounds[var] = (lin_lo, lin_hi)
         self._depth[var] = max(self._depth.values(), default=0) + 1
+
+    def bound_let(self, var: Var, value: PrimExpr) -> AbstractContextManager[None]:
+        """Within the block, `var` (bound by a let to `value`) lies in `value`'s constant interval.
+
+        Constant, not `value` itself: a let's value may use the let before it, and bounding
+        each through the next recursed once per let of a chain (a fused kernel has hundreds).
+        """
+        if var.dtype not in LINEAR_DTYPES or value.dtype != var.dtype:
+            return nullcontext()
+        lo, hi = self.interval(value)
+        return self.bound(var, None if lo is None else const(lo, var.dtype),
+                          None if hi is None else const(hi, var.dtype))
 
     def bound_range(self, var: Var, start: PrimExpr, extent: PrimExpr) -> AbstractContextManager[None]:
         """Within the block, `start <= var < start + extent` (a loop's range)."""
@@ -219,6 +242,14 @@ class Analyzer:
         return lo, hi
 
     def _atom_interval(self, e: PrimExpr) -> Interval:
+        if isinstance(e, (IntImm, Var)):
+            return self._atom_interval_uncached(e)
+        hit = self._interval_memo.get(id(e))
+        if hit is None:
+            hit = self._interval_memo[id(e)] = (e, self._atom_interval_uncached(e))
+        return hit[1]
+
+    def _atom_interval_uncached(self, e: PrimExpr) -> Interval:
         if isinstance(e, IntImm):
             return e.value, e.value
         if isinstance(e, Var):
@@ -261,6 +292,14 @@ class Analyzer:
     # -- linear forms -------------------------------------------------------------------
     def linear(self, e: PrimExpr) -> Linear:
         """The linear form of integer expression `e` (dtype in `LINEAR_DTYPES`), its atoms simplified."""
+        if isinstance(e, (IntImm, Var)):
+            return self._linear(e)
+        hit = self._linear_memo.get(id(e))
+        if hit is None:
+            hit = self._linear_memo[id(e)] = (e, self._linear(e))
+        return hit[1]
+
+    def _linear(self, e: PrimExpr) -> Linear:
         dt = e.dtype
         if isinstance(e, IntImm):
             return Linear(dt, c=e.value)
@@ -574,8 +613,7 @@ class StmtSimplifier(StmtExprMutator):
             for let in chain:
                 value = self.analyzer.simplify(let.value)
                 values.append(value)
-                if value.dtype in LINEAR_DTYPES and let.var.dtype == value.dtype:
-                    scope.enter_context(self.analyzer.bound(let.var, value, value))
+                scope.enter_context(self.analyzer.bound_let(let.var, value))
             body = self.visit_stmt(chain[-1].body)
         if _is_empty(body):
             return body
