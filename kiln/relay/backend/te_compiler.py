@@ -46,12 +46,19 @@ class LoweringError(KilnError):
 
 
 def tensor_types(t: Type, where: str) -> list[TensorType]:
-    """The tensors a value of type `t` is made of, nested tuples flattened in order."""
-    if isinstance(t, TensorType):
-        return [t]
-    if isinstance(t, TupleType):
-        return [x for f in t.fields for x in tensor_types(f, where)]
-    raise LoweringError(f"{where}: cannot lower a value of type {t}")
+    """The tensors a value of type `t` is made of, nested tuples flattened in order (iteratively:
+    tuples may nest thousands deep)."""
+    out: list[TensorType] = []
+    stack = [t]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, TensorType):
+            out.append(cur)
+        elif isinstance(cur, TupleType):
+            stack.extend(reversed(cur.fields))
+        else:
+            raise LoweringError(f"{where}: cannot lower a value of type {cur}")
+    return out
 
 
 def field_slice(item: rx.TupleGetItem) -> slice:
