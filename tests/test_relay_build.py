@@ -231,3 +231,20 @@ def test_a_constant_read_by_a_fused_call_and_returned_by_main_is_an_output() -> 
     got = build(relay.Function([x], relay.Tuple([relay.add(x, c), c]))).create_executor()(x=np.ones(2, "float32"))
     np.testing.assert_array_equal(got[0], [1.5, 3.0])
     np.testing.assert_array_equal(got[1], [0.5, 2.0])
+
+
+def test_an_implementation_registered_after_a_build_is_used_by_the_next_build() -> None:
+    # the in-memory kernel cache was keyed by the function and target only: the second build got the
+    # kernel compiled before the registration (DESIGN: caches are keyed by what lowering read)
+    from kiln import te
+    from kiln.registry import OpPattern
+    from kiln.relay.op._reg import elementwise_compute
+    from kiln.relay.op._schedule import default_schedule
+
+    x = relay.var("x", shape=(4,))
+    func = relay.Function([x], relay.exp(x))
+    data = np.array([0.25, -1.0, 2.0, 0.0], "float32")
+    np.testing.assert_allclose(build(func).create_executor()(x=data), np.exp(data), rtol=1e-6)
+    doubled = elementwise_compute(lambda attrs, v: te.exp(v) * te.const(2.0, v.dtype), "exp")
+    register_implementation("exp", doubled, default_schedule(OpPattern.ELEMWISE), name="doubled", priority=100)
+    np.testing.assert_allclose(build(func).create_executor()(x=data), 2 * np.exp(data), rtol=1e-6)

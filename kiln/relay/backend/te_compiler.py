@@ -78,6 +78,20 @@ class _Lowerer:
         self.constants: list[np.ndarray] = []
         self.labels: dict[str, str] = dict(PassContext.current().config.get(USE_LABEL) or {})
 
+    def choices(self) -> tuple[Any, ...]:
+        """What lowering will read from the registry, per op call: its implementation and pattern.
+
+        Part of the kernel cache's key, so a registration made after a kernel was compiled is not
+        served that kernel.
+        """
+        out: list[Any] = []
+        for node in post_order(self.func.body):
+            if isinstance(node, rx.Call) and isinstance(node.op, Op):
+                dtypes = [str(t.dtype) for a in node.args for t in tensor_types(a.checked_type, "an argument")]
+                impl = select_implementation(node.op.name, self.target.kind.name, dtypes, self.labels.get(node.op.name))
+                out.append((impl, node.op.get_attr(attr.TOpPattern, OpPattern.OPAQUE)))
+        return tuple(out)
+
     def _shape(self, ty: TensorType, where: str) -> list[Any]:
         shape: list[Any] = []
         for d in ty.shape:
@@ -215,7 +229,7 @@ def _one_thread_nests(body: Stmt) -> Stmt:
     return For(tx.Var("one_thread"), tx.const(0), tx.const(1), ForKind.THREAD_BINDING, body, "threadIdx.x")
 
 
-_CACHE: OrderedDict[tuple[int, str], list[tuple[rx.Function, CompiledKernel]]] = OrderedDict()
+_CACHE: OrderedDict[tuple[int, str, tuple[Any, ...]], list[tuple[rx.Function, CompiledKernel]]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_LIMIT = 128  # distinct (hash, target) keys kept; each kernel holds a JIT engine (about 50 KB)
 
@@ -229,7 +243,7 @@ def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: st
 
     tgt = target if isinstance(target, Target) else Target(target)
     lowerer = _Lowerer(func, tgt)
-    key = (structural_hash(func), f"{tgt} {sorted(lowerer.labels.items())}")
+    key = (structural_hash(func), f"{tgt} {sorted(lowerer.labels.items())}", lowerer.choices())
     with _CACHE_LOCK:
         for other, kernel in _CACHE.get(key, []):
             if structural_equal(other, func):
