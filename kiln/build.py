@@ -35,6 +35,7 @@ from kiln.runtime.cuda_module import CudaModule
 from kiln.runtime.module import Module
 from kiln.target import Target
 from kiln.tir.bounds_check import check_accesses
+from kiln.tir.share import bind_shared_func
 from kiln.tir.stmt import PrimFunc
 from kiln.tir.transform import loop_partition, simplify_func, unroll_loops
 
@@ -46,6 +47,7 @@ def _checked(func: PrimFunc) -> PrimFunc:
 
 # The loop-IR steps between te.lower and code generation, in order.
 TIR_PIPELINE: tuple[tuple[str, Callable[[PrimFunc], PrimFunc]], ...] = (
+    ("bind_shared", bind_shared_func),  # a value used twice is a let, computed once (te.lower does it too)
     ("simplify", simplify_func),  # fold index arithmetic with loop bounds: (jo*32 + j) // 32 -> jo
     ("loop_partition", loop_partition),  # take tail guards out of the main loops
     ("unroll", unroll_loops),  # small unrolled loops become straight-line code
