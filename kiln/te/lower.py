@@ -23,6 +23,11 @@ The steps, in order:
    of the innermost variable they depend on, and left out where the bounds
    prove them true. A `prefetch` puts, at the top of its loop's body, a loop of
    `prefetch` calls over the cache lines of the box the next iterations read.
+5. Shared values: inlining leaves a value that several readers use as one node
+   with several parents; `tir.share.bind_shared` makes each such value (and
+   each expression taller than `tir.share.MAX_HEIGHT`) a `LetStmt` around the
+   statement that uses it, so the loop IR is a tree as large as the DAG and
+   every later walk (printer, simplifier, code generators, cache key) is linear.
 """
 
 from __future__ import annotations
