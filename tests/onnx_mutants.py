@@ -420,7 +420,7 @@ class _Mutator:
         values = [i.name for i in g.input] + [o for n in g.node[:at] for o in n.output if o]
         if not values:
             return None
-        v = self.pick(values)
+        v = source = self.pick(values)
         op, arity, attrs = self._INSERTED[int(self.rng.integers(len(self._INSERTED)))]
         out = f"ins{len(g.node)}"
         new = []
@@ -433,21 +433,27 @@ class _Mutator:
             if op != "Sqrt":
                 new.append(helper.make_node("Exp", [v], [f"{out}_exp"], name=f"{out}_exp"))
                 v = f"{out}_exp"
-        if op == "Where":
+        if op == "Div":  # by exp|w| >= 1: 0 / 0 is nan, which max pooling treats differently (see above)
+            w = self.pick(values)
+            new.append(helper.make_node("Abs", [w], [f"{out}_dabs"], name=f"{out}_dabs"))
+            new.append(helper.make_node("Exp", [f"{out}_dabs"], [f"{out}_dexp"], name=f"{out}_dexp"))
+            inputs = [v, f"{out}_dexp"]
+        elif op == "Where":
             new.append(helper.make_node("Greater", [v, v], [f"{out}_c"], name=f"{out}_greater"))
             inputs = [f"{out}_c", v, self.pick(values)]
         else:
             inputs = [v] + [self.pick(values) if self.rng.random() < 0.3 else v for _ in range(arity - 1)]
         new.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-        readers = [(i, k) for i, n in enumerate(g.node) if i >= at for k, name in enumerate(n.input) if name == v]
+        readers = [(i, k) for i, n in enumerate(g.node) if i >= at for k, name in enumerate(n.input)
+                   if name == source]
         nodes = list(g.node)
         if readers and self.rng.random() < 0.6:
             i, k = self.pick(readers)
             nodes[i].input[k] = out
-            note = f"{op} {out} inserted on {v}, read by {nodes[i].name}"
+            note = f"{op} {out} inserted on {source}, read by {nodes[i].name}"
         else:
             g.output.append(helper.make_empty_tensor_value_info(out))
-            note = f"{op} {out} inserted on {v}, a graph output"
+            note = f"{op} {out} inserted on {source}, a graph output"
         del g.node[:]
         g.node.extend(nodes[:at] + new + nodes[at:])
         return note

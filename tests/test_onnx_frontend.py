@@ -577,3 +577,21 @@ def test_input_dtypes_follow_the_schemas_type_constraints() -> None:
 def test_an_unnamed_graph_output_is_named_by_position() -> None:
     model = _model([helper.make_node("Relu", ["x"], ["y"])], [_io("x", [2])], [_io("y", [2]), _io("", [2])])
     assert _import_error(model) == "graph output #1 has no name"
+
+
+def test_an_op_before_its_first_opset_pads_that_remove_too_much_and_dropout_ratios_that_are_not_scalars() -> None:
+    # all three imported: Erf at opset 7 (defined from 9), a crop past the axis clamped to empty, a (4,) ratio
+    model = _model([helper.make_node("Erf", ["x"], ["y"], name="e")], [_io("x", [2])], [_io("y", [2])], opset=7)
+    assert _import_error(model) == "Erf node 'e': Erf exists from opset 9, but the model imports opset 7"
+    pads = numpy_helper.from_array(np.array([0, -2, 0, -1], np.int64), "pads")
+    model = _model([helper.make_node("Pad", ["x", "pads"], ["y"], name="p")], [_io("x", [2, 2])], [_io("y", None)],
+                   [pads])
+    assert _import_error(model) == "Pad node 'p': pads [0, -2, 0, -1] remove 3 elements from axis 1, which has 2"
+    pads = numpy_helper.from_array(np.array([0, -2, 0, 3], np.int64), "pads")  # a crop of the whole axis is fine
+    model = _model([helper.make_node("Pad", ["x", "pads"], ["y"])], [_io("x", [2, 2])], [_io("y", None)], [pads])
+    x = np.ones((2, 2), np.float32)
+    np.testing.assert_array_equal(_run(model, x=x), _ort(model, x=x)[0])
+    ratio = numpy_helper.from_array(np.full(4, 0.5, np.float32), "r")
+    model = _model([helper.make_node("Dropout", ["x", "r"], ["y"], name="d")], [_io("x", [2])], [_io("y", [2])],
+                   [ratio])
+    assert _import_error(model) == "Dropout node 'd': input #1 (ratio) must be a scalar, found shape (4,)"

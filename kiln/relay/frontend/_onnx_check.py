@@ -30,6 +30,18 @@ def _schema(op_type: str, opset: int, domain: str) -> Any:
     return None if schema.deprecated else schema
 
 
+@functools.cache
+def _first_opsets() -> dict[tuple[str, str], int]:
+    """(domain, op_type) -> the opset that first defines the op."""
+    import onnx.defs
+
+    first: dict[tuple[str, str], int] = {}
+    for s in onnx.defs.get_all_schemas_with_history():
+        key = ("" if s.domain == "ai.onnx" else s.domain, s.name)
+        first[key] = min(first.get(key, s.since_version), s.since_version)
+    return first
+
+
 def _kind(attr_type: int) -> str:
     from onnx import AttributeProto
 
@@ -51,6 +63,12 @@ def check_node(proto: Any, label: str, opset: int, domain: str) -> None:
     op_type = _key(proto.op_type)
     schema = _schema(op_type, opset, domain)
     if schema is None:
+        # an op that ONNX defines only from a later opset (Erf at opset 7) is an error, though kiln's converter
+        # (registered from opset 1) would take it; an op ONNX does not define is left to its converter
+        first = _first_opsets().get((domain, op_type))
+        if first is not None and first > opset:
+            raise OnnxImportError(f"{label}: {op_type} exists from opset {first}, but the model imports opset "
+                                  f"{opset}")
         return
     where = f"{label} (opset {opset})"
     single = onnx.defs.OpSchema.FormalParameterOption.Single

@@ -218,6 +218,9 @@ _softmax("LogSoftmax", relay.nn.log_softmax)
 def _dropout(node: OnnxNode) -> list[Expr]:
     """Inference: the input passes through; the optional mask is all true."""
     x = node.input(0)
+    for i, what in ((1, "ratio"), (2, "training_mode")):
+        if node.optional_input(i) is not None and node.ndim(i) != 0:
+            raise node.error(f"input #{i} ({what}) must be a scalar, found shape {node.shape(i)}")
     training = node.optional_input(2)
     if training is not None and node.value(2, "training_mode").any():
         ratio = float(node.value(1, "ratio").reshape(-1)[0]) if node.optional_input(1) is not None else 0.5

@@ -346,6 +346,10 @@ def _pad(node: OnnxNode, pads: list[int], value: Expr | float, axes: list[int] |
     widths = [[0, 0] for _ in range(rank)]
     for i, axis in enumerate(axes):
         widths[axis] = [pads[i], pads[len(axes) + i]]
+    for axis, (before, after) in enumerate(widths):
+        removed, dim = -min(before, 0) - min(after, 0), dims[axis]
+        if isinstance(dim, int) and removed > dim:  # (a slice would clamp and hide it)
+            raise node.error(f"pads {pads} remove {removed} elements from axis {axis}, which has {dim}")
     # negative pads remove elements: slice them off first, then pad what is positive
     crop = [(a, -w[0] if w[0] < 0 else 0, -w[1] if w[1] < 0 else 0) for a, w in enumerate(widths) if min(w) < 0]
     out: Expr = x
