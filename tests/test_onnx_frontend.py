@@ -595,3 +595,15 @@ def test_an_op_before_its_first_opset_pads_that_remove_too_much_and_dropout_rati
     model = _model([helper.make_node("Dropout", ["x", "r"], ["y"], name="d")], [_io("x", [2])], [_io("y", [2])],
                    [ratio])
     assert _import_error(model) == "Dropout node 'd': input #1 (ratio) must be a scalar, found shape (4,)"
+
+
+def test_pool_pads_as_large_as_the_kernel_and_softmax_axes_out_of_range_are_errors() -> None:
+    # a window wholly in the padding gave -inf (max) or 0 (average); onnxruntime refuses the node
+    for op in ("MaxPool", "AveragePool"):
+        model = _model([helper.make_node(op, ["x"], ["y"], name="p", kernel_shape=[2, 2], pads=[2, 0, 0, 0])],
+                       [_io("x", [1, 1, 4, 4])], [_io("y", None)])
+        assert _import_error(model) == f"{op} node 'p': pads [2, 0, 0, 0] must be smaller than the kernel [2, 2]"
+    # Softmax before opset 13 with axis 3 of a rank-3 input was a softmax over nothing: all ones
+    model = _model([helper.make_node("Softmax", ["x"], ["y"], name="s", axis=3)], [_io("x", [2, 3, 4])],
+                   [_io("y", [2, 3, 4])], opset=12)
+    assert _import_error(model) == "Softmax node 's': axis 3 is out of range for a tensor of rank 3 (allowed: -3 to 2)"

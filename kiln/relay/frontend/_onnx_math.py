@@ -14,6 +14,7 @@ import numpy as np
 from kiln import relay
 from kiln.relay.expr import Expr
 from kiln.relay.frontend.onnx import OnnxNode, onnx_converter
+from kiln.relay.op._rel import normalize_axis
 
 # --- elementwise ----------------------------------------------------------------------------------
 
@@ -195,8 +196,7 @@ def _softmax(op_type: str, fn: Callable[..., Expr]) -> None:
         # Before opset 13 the input is coerced to 2-D at `axis`: softmax over all the trailing dims.
         x = node.input(0)
         shape = node.static_shape(x)
-        axis = node.int_attr("axis", 1)
-        axis = axis + len(shape) if axis < 0 else axis
+        axis = normalize_axis(node.int_attr("axis", 1), len(shape))
         inner = int(np.prod(shape[axis:]))
         # static sizes, so a 0 is an empty dim (allowzero), not "copy the input's dim"
         flat = relay.reshape(x, (int(np.prod(shape[:axis])), inner), allowzero=True)

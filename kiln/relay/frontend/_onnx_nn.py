@@ -313,6 +313,9 @@ def _pool(node: OnnxNode, kind: str) -> Expr:
         raise node.error(f"attribute kernel_shape {kernel} needs {nd} values for an input of rank {nd + 2}")
     x = node.input(0)
     win = _window(node, node.shape(0)[2:], kernel)
+    if any(p >= k for p, k in zip(win.begin + win.end, kernel + kernel, strict=True)):
+        # a window wholly in the padding has no elements: its max or average is not defined
+        raise node.error(f"pads {win.begin + win.end} must be smaller than the kernel {kernel}")
     ceil_mode = node.bool_attr("ceil_mode", False)
     count_include_pad = node.bool_attr("count_include_pad", False)
     if nd == 2:
