@@ -248,3 +248,43 @@ def test_an_implementation_registered_after_a_build_is_used_by_the_next_build() 
     doubled = elementwise_compute(lambda attrs, v: te.exp(v) * te.const(2.0, v.dtype), "exp")
     register_implementation("exp", doubled, default_schedule(OpPattern.ELEMWISE), name="doubled", priority=100)
     np.testing.assert_allclose(build(func).create_executor()(x=data), 2 * np.exp(data), rtol=1e-6)
+
+
+# -- let bindings in main ----------------------------------------------------------------------
+
+
+def test_a_let_in_main_builds_and_matches_numpy() -> None:
+    # relay.build saw the let-bound var as a free variable ("free variable 'v' in main")
+    x, v = relay.var("x", shape=(3, 4)), relay.var("v", shape=(3, 4))
+    func = relay.Function([x], relay.Let(v, relay.add(x, relay.const(1.0)), relay.multiply(v, v)))
+    data = RNG.standard_normal((3, 4)).astype("float32")
+    for level in (0, 3):  # each op its own kernel, and fused
+        with PassContext(opt_level=level):
+            lib = build(func)
+        np.testing.assert_allclose(lib.create_executor()(x=data), (data + 1) ** 2, rtol=1e-6)
+    assert sum(1 for n in post_order(func) if isinstance(n, relay.Call)) == 2  # the value is computed once
+
+
+def test_nested_lets_of_tuples_with_a_let_var_as_an_output() -> None:
+    x = relay.var("x", shape=(2, 5))
+    t, a, b = relay.var("t"), relay.var("a", shape=(2, 5)), relay.var("b", shape=(2, 5))
+    pair = relay.Tuple([relay.add(x, relay.const(1.0)), relay.negative(x)])
+    body = relay.Let(t, pair, relay.Let(a, relay.TupleGetItem(t, 0),
+                     relay.Let(b, relay.multiply(a, relay.TupleGetItem(t, 1)), relay.Tuple([b, a]))))
+    data = RNG.standard_normal((2, 5)).astype("float32")
+    got = build(relay.Function([x], body)).create_executor()(x=data)
+    np.testing.assert_allclose(got[0], (data + 1) * -data, rtol=1e-6)
+    np.testing.assert_allclose(got[1], data + 1, rtol=1e-6)
+
+
+def test_a_chain_of_2000_lets_builds_without_recursion() -> None:
+    x = relay.var("x", shape=(4,))
+    lets = [relay.var(f"v{i}", shape=(4,)) for i in range(2_000)]
+    body: relay.Expr = lets[-1]
+    for i in reversed(range(len(lets))):
+        body = relay.Let(lets[i], relay.add(x if i == 0 else lets[i - 1], relay.const(0.5)), body)
+    data = RNG.standard_normal(4).astype("float32")
+    want = data.copy()
+    for _ in lets:
+        want = want + np.float32(0.5)
+    np.testing.assert_allclose(build(relay.Function([x], body)).create_executor()(x=data), want, rtol=1e-6)

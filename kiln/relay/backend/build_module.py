@@ -39,7 +39,8 @@ def build_passes() -> list[Any]:
     """relay.build's optimization pipeline, in order (each pass is gated by its own opt level)."""
     from kiln.relay import transform as t
 
-    names = ["InferType", "SimplifyInference", "FoldConstant", "FoldScaleAxis", "FoldConstant",
+    # ToGraphNormalForm first: fusion and the graph layout see let-bound values as ordinary shared nodes
+    names = ["InferType", "ToGraphNormalForm", "SimplifyInference", "FoldConstant", "FoldScaleAxis", "FoldConstant",
              "EliminateCommonSubexpr", "DeadCodeElimination", "FuseOps", "InferType"]
     return [getattr(t, n)() for n in names if hasattr(t, n)]
 

@@ -3,6 +3,7 @@
 | pass | opt level | what it does |
 | --- | --- | --- |
 | InferType | 0 | sets `checked_type` on every expression |
+| ToGraphNormalForm | 0 | inlines let bindings as shared graph values (graph_normal_form.py) |
 | SimplifyInference | 0 | batch_norm / layer_norm into arithmetic, dropout into the identity |
 | FoldConstant | 2 | evaluates calls whose arguments are all constants |
 | EliminateCommonSubexpr | 3 | merges structurally equal calls |
@@ -55,10 +56,12 @@ from kiln.relay.transform.dce import DeadCodeElimination
 from kiln.relay.transform.fold_constant import FoldConstant
 from kiln.relay.transform.fold_scale_axis import FoldScaleAxis
 from kiln.relay.transform.fuse_ops import FuseOps
+from kiln.relay.transform.graph_normal_form import ToGraphNormalForm
 from kiln.relay.transform.simplify_inference import SimplifyInference
 
 for _name, _factory in (
     ("SimplifyInference", SimplifyInference),
+    ("ToGraphNormalForm", ToGraphNormalForm),
     ("FoldConstant", FoldConstant),
     ("EliminateCommonSubexpr", EliminateCommonSubexpr),
     ("DeadCodeElimination", DeadCodeElimination),
@@ -74,5 +77,6 @@ __all__ = [
     "FuseOps",
     "InferType",
     "SimplifyInference",
+    "ToGraphNormalForm",
     "verify",
 ]
