@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -589,3 +592,70 @@ def test_loop_partition_keeps_semantics_for_assorted_extents_and_factors(extent:
     _check_same_result(sym, loop_partition(sym), [extent])
     if extent >= factor:
         assert isinstance(_vector_loops(after)[0].body, BufferStore)
+
+
+# ---------------------------------------------------------------------------
+# high-rank reshapes: the flattened index `((i0*2 + i1)*2 + i2)...` divided and reduced
+# by every input dim once took the simplifier exponential time (rank 9: 25 s, rank 10: 80 s)
+# ---------------------------------------------------------------------------
+
+BUILD_GUARD_S = 60  # not a benchmark: each case builds in well under a second
+
+
+@contextlib.contextmanager
+def _build_guard(what: str) -> Iterator[None]:
+    """Fails (rather than hanging the suite) when the block runs past BUILD_GUARD_S."""
+    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise AssertionError(f"{what} did not build within {BUILD_GUARD_S} s (exponential simplification?)")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(BUILD_GUARD_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _build_layout_chain(shape: tuple[int, ...], steps: list[tuple[str, list[int]]]) -> None:
+    """Builds `x + 1`, then each reshape ("r") / transpose ("t") of `steps`, then `* 2`: one fused kernel."""
+    from kiln import relay
+
+    x = relay.var("x", shape=shape)
+    data = np.random.default_rng(len(steps)).standard_normal(shape).astype("float32")
+    y = relay.add(x, relay.const(1.0))
+    want = data + 1
+    for kind, arg in steps:
+        if kind == "r":
+            y, want = relay.reshape(y, arg), want.reshape(arg)
+        else:
+            y, want = relay.transpose(y, arg), np.transpose(want, arg)
+    with _build_guard(f"{shape} -> {steps}"):
+        lib = relay.build(relay.Function([x], relay.multiply(y, relay.const(2.0))))
+    np.testing.assert_array_equal(lib.create_executor()(x=data), want * 2)
+
+
+@pytest.mark.parametrize(
+    "newshape",
+    [
+        [2, 2, 2, 8, 2, 2, 2, 8, 6],
+        [2, 2, 2, 8, 2, 2, 2, 8, 2, 3],
+        [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 4, 6],
+        [3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 8],
+    ],
+)
+def test_high_rank_reshapes_build_quickly_and_match_numpy(newshape: list[int]) -> None:
+    _build_layout_chain((8, 16, 12, 16), [("r", newshape)])
+
+
+def test_high_rank_reshape_transpose_chains_build_quickly_and_match_numpy() -> None:
+    rank12 = [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 4, 6]
+    interleave = [11, 0, 10, 1, 9, 2, 8, 3, 7, 4, 6, 5]
+    _build_layout_chain((8, 16, 12, 16), [("r", rank12), ("t", interleave), ("r", [3, 8, 1024]), ("r", rank12),
+                                         ("t", list(range(11, -1, -1))), ("r", [96, 256])])
+    _build_layout_chain((2, 3, 2, 3, 2, 3, 2, 3, 2, 3), [("t", list(range(9, -1, -1))), ("r", [6, 6, 6, 6, 6]),
+                                                        ("t", [4, 3, 2, 1, 0]), ("r", [2, 3] * 5)])
