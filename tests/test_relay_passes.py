@@ -404,6 +404,28 @@ def test_conv2d_batch_norm_becomes_conv2d_plus_constant_bias() -> None:
     _same_outputs(before, after, _rand(2, 3, 8, 8), rtol=1e-4)
 
 
+def test_batch_norm_with_infinite_constant_scale_keeps_the_formulas_infinities() -> None:
+    # x*scale + (beta - mean*scale) is inf - inf = nan where (x - mean)*scale + beta is +-inf: with
+    # constants whose folded scale is not finite, SimplifyInference keeps the formula as written.
+    x = relay.var("x", shape=(1, 2, 4, 4))
+    gamma = np.array([-np.inf, 1.0], "float32")
+    mean = np.array([0.25, 0.0], "float32")
+    params = [relay.const(gamma), relay.const(_rand(2)), relay.const(mean), relay.const(np.ones(2, "float32"))]
+    bn = relay.TupleGetItem(relay.nn.batch_norm(x, *params, epsilon=1e-5), 0)
+    before = _mod([x], bn)
+    after = _apply(before, *(p() for p in _INFERENCE))
+    data = _rand(1, 2, 4, 4)
+    data[0, 0, 0, :2] = 0.25  # x == mean: 0 * -inf is nan in the formula too
+    scale = gamma / np.sqrt(np.float32(1 + 1e-5))
+    with np.errstate(invalid="ignore"):
+        expected = (data - mean[:, None, None]) * scale[:, None, None] + params[1].data[:, None, None]
+        got = np.asarray(relay.build(after["main"]).create_executor()(x=data))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    finite = ~np.isnan(expected)
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-5)
+    assert np.isinf(got[0, 0]).sum() == 14
+
+
 @pytest.mark.parametrize("scale_shape", [(4, 1, 1), (1, 4, 1, 1), (), (1,)])
 def test_fold_scale_axis_folds_conv2d_scales_and_biases(scale_shape: tuple[int, ...]) -> None:
     x = relay.var("x", shape=(1, 2, 5, 5))

@@ -5,7 +5,10 @@
   and `shift = beta - mean * scale` (or `-mean * scale` without `center`), both
   expanded to broadcast along the channel axis. This is `(x - mean) * scale +
   beta` rearranged as TVM does, so that FoldConstant turns scale and shift into
-  two constants and FoldScaleAxis can move the scale into a convolution.
+  two constants and FoldScaleAxis can move the scale into a convolution. Where
+  the parameters are constants whose scale or shift is not finite, the
+  rearranged form would turn the formula's ±inf into nan (inf - inf), so the
+  formula is kept as written.
 - `nn.dropout(x)` becomes the identity (its tuple output becomes `(x, ones_like(x))`).
 - `nn.layer_norm(x, gamma, beta)` becomes mean / variance ops along its axis.
 
@@ -16,11 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from kiln.ir.module import IRModule
 from kiln.ir.transform import ModulePass, PassContext, PassInfo
 from kiln.ir.types import TensorType
 from kiln.registry import Op
-from kiln.relay.expr import Call, Expr, Function, Tuple, TupleGetItem, const
+from kiln.relay.expr import Call, Constant, Expr, Function, Tuple, TupleGetItem, const
 from kiln.relay.op import reduce as _reduce
 from kiln.relay.op import tensor as _tensor
 from kiln.relay.op import transform as _shape
@@ -38,6 +43,18 @@ def _eps(value: float, data: TensorType) -> Expr:
     return const(value, dtype=data.dtype)
 
 
+def _finite_when_folded(a: Any, gamma: Expr, beta: Expr, mean: Expr, var: Expr) -> bool:
+    """False where the parameters are constants whose folded scale or shift is not finite."""
+    params = [e.data for e in (gamma, beta, mean, var) if isinstance(e, Constant)]
+    if len(params) < 4:
+        return True  # unknown until run time: TVM's rearranged form
+    g, b, m, v = params  # in their own dtype, as FoldConstant will compute them
+    with np.errstate(all="ignore"):
+        scale = (g if a.scale else 1.0) / np.sqrt(v + a.epsilon)
+        shift = (b if a.center else 0.0) - m * scale
+    return bool(np.isfinite(scale).all() and np.isfinite(shift).all())
+
+
 def _batch_norm(call: Call, data_type: TensorType, args: tuple[Expr, ...]) -> Expr:
     x, gamma, beta, mean, var = args
     a: Any = call.attrs
@@ -45,10 +62,15 @@ def _batch_norm(call: Call, data_type: TensorType, args: tuple[Expr, ...]) -> Ex
     axis = a.axis % ndim
     inv_std = _tensor.rsqrt(_tensor.add(var, _eps(a.epsilon, data_type)))
     scale = _tensor.multiply(gamma, inv_std) if a.scale else inv_std
-    shift: Expr = _tensor.negative(_tensor.multiply(mean, scale))
-    if a.center:
-        shift = _tensor.add(shift, beta)
-    out = _tensor.add(_tensor.multiply(x, _along(scale, axis, ndim)), _along(shift, axis, ndim))
+    if _finite_when_folded(a, gamma, beta, mean, var):
+        shift: Expr = _tensor.negative(_tensor.multiply(mean, scale))
+        if a.center:
+            shift = _tensor.add(shift, beta)
+        out = _tensor.add(_tensor.multiply(x, _along(scale, axis, ndim)), _along(shift, axis, ndim))
+    else:
+        out = _tensor.multiply(_tensor.subtract(x, _along(mean, axis, ndim)), _along(scale, axis, ndim))
+        if a.center:
+            out = _tensor.add(out, _along(beta, axis, ndim))
     return Tuple((out, mean, var), span=call.span)
 
 
