@@ -628,3 +628,16 @@ def test_constant_pad_of_an_empty_axis_is_all_pad_value() -> None:
 def test_pad_wrap_builds_with_pads_wider_than_the_axis() -> None:
     # numpy's wrap repeats the axis as often as needed; the floor modulo does the same
     check_build("nn.pad", _ints(2, 3), np.array(0, np.int32), pad_width=((5, 3), (7, 4)), pad_mode="wrap")
+
+
+def test_float16_softmax_sums_in_float32() -> None:
+    from kiln import relay
+
+    x = relay.var("x", shape=(2, 4096), dtype="float16")
+    data = np.random.default_rng(7).uniform(-1, 1, (2, 4096)).astype(np.float16)
+    for op in (relay.nn.softmax, relay.nn.log_softmax):
+        got = relay.build(relay.Function([x], op(x))).create_executor()(x=data).astype(np.float64)
+        x64 = data.astype(np.float64)
+        log_total = np.log(np.exp(x64).sum(axis=1, keepdims=True))
+        want = np.exp(x64 - log_total) if op is relay.nn.softmax else x64 - log_total
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-6)

@@ -435,3 +435,17 @@ def test_arg_reductions_of_nan_bool_and_int8_compile(op: str) -> None:
 def test_every_reduction_has_a_compute() -> None:
     for op in REDUCE_OPS + ARG_OPS:
         assert Op.get(op).has_attr(attr.FCompute), op
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "prod"])
+def test_float16_reductions_accumulate_in_float32(op: str) -> None:
+    # 2401 addends of 1/7: a float16 accumulator stops growing by steps of 0.25 and ends at 324, not 343
+    from kiln import relay
+
+    x = relay.var("x", shape=(7, 7, 7, 7), dtype="float16")
+    data = np.full((7, 7, 7, 7), 1 / 7 if op != "prod" else 1.0005, np.float16)
+    got = relay.build(relay.Function([x], getattr(relay, op)(x))).create_executor()(x=data)
+    want = NUMPY[op](data.astype(np.float64))
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(float(got), want, rtol=2e-3)
+

@@ -25,6 +25,7 @@ from kiln.registry import OpPattern
 from kiln.relay.expr import Call, Constant, Expr, Var, call, const
 from kiln.relay.op._nn_util import (
     Array,
+    accumulator,
     along,
     check_vector,
     clamp,
@@ -286,13 +287,16 @@ def _softmax_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor], Type
         axis = attrs.axis % len(shape)
         rows = without(shape, axis)
         k = te.reduce_axis((0, shape[axis]), name="k")
+        acc, dtype = accumulator(x.dtype), x.dtype  # float16 sums in float32
         peak = te.compute(rows, lambda *j: te.max(x[insert(j, axis, k)], axis=k), name="softmax_max")
-        shifted = te.compute(shape, lambda *i: x[i] - peak[without(i, axis)], name="softmax_shifted")
+        shifted = te.compute(shape, lambda *i: te.cast(x[i] - peak[without(i, axis)], acc), name="softmax_shifted")
         k2 = te.reduce_axis((0, shape[axis]), name="k2")
         total = te.compute(rows, lambda *j: te.sum(te.exp(shifted[insert(j, axis, k2)]), axis=k2), name="softmax_sum")
         if log:
-            return [te.compute(shape, lambda *i: shifted[i] - te.log(total[without(i, axis)]), name="log_softmax")]
-        return [te.compute(shape, lambda *i: te.exp(shifted[i]) / total[without(i, axis)], name="softmax")]
+            return [te.compute(shape, lambda *i: te.cast(shifted[i] - te.log(total[without(i, axis)]), dtype),
+                               name="log_softmax")]
+        return [te.compute(shape, lambda *i: te.cast(te.exp(shifted[i]) / total[without(i, axis)], dtype),
+                           name="softmax")]
 
     return compute
 

@@ -23,7 +23,7 @@ from kiln.ir.attrs import Attrs, bool_value, one_of
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import OpPattern
 from kiln.relay.expr import Call, Expr, call
-from kiln.relay.op._nn_util import static_shape, tensor_shape
+from kiln.relay.op._nn_util import accumulator, static_shape, tensor_shape
 from kiln.relay.op._reg import register_nn_op
 from kiln.relay.op._rel import tensor_args
 from kiln.relay.op._schedule import register_compute, schedule_injective_stage
@@ -149,13 +149,6 @@ def _lowest(dtype: str) -> PrimExpr:
     return te.const(int(np.iinfo(np.dtype(dtype)).min), dtype)
 
 
-def _accumulator(dtype: str) -> str:
-    """The dtype a mean sums in: float32 for narrower floats, int64 for integers (then truncated, as the reference)."""
-    if np.issubdtype(np.dtype(dtype), np.floating):
-        return "float32" if np.dtype(dtype).itemsize < 4 else dtype
-    return "int64"
-
-
 class _Window:
     """A pool's window over the NCHW coordinates of an output element: its taps, read with padding guarded."""
 
@@ -205,7 +198,7 @@ def _avg_pool2d_compute(attrs: AvgPool2DAttrs, inputs: list[te.Tensor], out_type
     """
     (data,) = inputs
     win = _Window(attrs, data, out_type)
-    acc = _accumulator(data.dtype)
+    acc = accumulator(data.dtype)
     zero = te.const(0, data.dtype)
     total = win.compute(
         lambda n, c, y, x: te.sum(te.cast(win.read(n, c, y, x, zero), acc), axis=[win.ry, win.rx]), "avg_pool2d_sum"
@@ -364,7 +357,7 @@ def _global_compute(mean: bool) -> Callable[[GlobalPool2DAttrs, list[te.Tensor],
         (data,) = inputs
         _, _, h, w = pick(tensor_shape(data), DATA_AXES[attrs.layout])
         ry, rx = te.reduce_axis((0, h), "ry"), te.reduce_axis((0, w), "rx")
-        acc = _accumulator(data.dtype) if mean else data.dtype
+        acc = accumulator(data.dtype) if mean else data.dtype
 
         def tap(n: PrimExpr, c: PrimExpr) -> PrimExpr:
             return te.cast(data[nchw_shape(n, c, ry, rx, attrs.layout)], acc)

@@ -22,6 +22,7 @@ from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op._nn_util import accumulator
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
 from kiln.relay.op._schedule import register_compute, schedule_reduce
 from kiln.target import Target
@@ -259,7 +260,11 @@ for _name, _doc, _fn, _numeric, _nonempty in _REDUCE:
 def _reduce_compute(kind: str) -> Callable[[ReduceAttrs, list[te.Tensor], TensorType], list[te.Tensor]]:
     def compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
         (x,) = inputs
-        return [_reduce(x, attrs, _static(out_type), kind, x.dtype, f"T_{kind}")]
+        shape = _static(out_type)
+        if kind in ("sum", "prod") and tx.is_float(x.dtype) and accumulator(x.dtype) != x.dtype:
+            total = _reduce(x, attrs, shape, kind, accumulator(x.dtype), f"T_{kind}_acc")
+            return [te.compute(shape, lambda *i: te.cast(total[i], x.dtype), name=f"T_{kind}")]
+        return [_reduce(x, attrs, shape, kind, x.dtype, f"T_{kind}")]
 
     compute.__name__ = compute.__qualname__ = f"{kind}_compute"
     return compute
@@ -270,19 +275,21 @@ def _static(out_type: TensorType) -> tuple[int, ...]:
 
 
 def _mean_compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
-    """The sum, then divided by the count: of floats in their dtype; of integers summed in int64 and
-    divided truncating (the reference truncates the exact mean toward zero)."""
+    """The sum, then divided by the count: of floats in their dtype (float32 for narrower ones); of
+    integers summed in int64 and divided truncating (the reference truncates the exact mean toward zero)."""
     (x,) = inputs
     shape, dtype = _static(out_type), x.dtype
     count = int(np.prod([_extent(x.shape[a]) for a in reduce_axes(x.ndim, attrs.axis, attrs.exclude)]))
-    acc = dtype if tx.is_float(dtype) else "int64"
+    acc = accumulator(dtype)
     total = _reduce(x, attrs, shape, "sum", acc, "T_mean_sum")
     n = tx.const(count, acc)
     return [te.compute(shape, lambda *i: te.cast(total[i] / n, dtype), name="T_mean")]
 
 
-for _name in ("sum", "max", "min", "prod"):
+for _name in ("max", "min"):
     register_compute(_name, _reduce_compute(_name))
+for _name in ("sum", "prod"):  # two stages for narrow floats: the float32 sum, then the cast
+    register_compute(_name, _reduce_compute(_name), schedule=_schedule_two_stage)
 register_compute("mean", _mean_compute, schedule=_schedule_two_stage)
 
 
