@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from kiln.ir.span import span_scope
 from kiln.registry import Op
 from kiln.relay.expr import (
     Call,
@@ -110,7 +111,8 @@ class ExprMutator:
     `rewrite_<kind>(old, *new_children)` receives the node and its children as
     already rewritten, and returns the replacement; the defaults rebuild the
     node only when a child changed (keeping spans), so shared sub-graphs stay
-    shared and unchanged graphs are returned as they are.
+    shared and unchanged graphs are returned as they are. Expressions built
+    while a call is rewritten take the call's span.
     """
 
     def __init__(self) -> None:
@@ -138,7 +140,10 @@ class ExprMutator:
             return self.rewrite_constant(node)
         if isinstance(node, Call):
             op = node.op if isinstance(node.op, Op) else n(node.op)
-            return self.rewrite_call(node, op, tuple(n(a) for a in node.args))
+            if node.span is None:
+                return self.rewrite_call(node, op, tuple(n(a) for a in node.args))
+            with span_scope(node.span):  # what replaces a call comes from where the call came from
+                return self.rewrite_call(node, op, tuple(n(a) for a in node.args))
         if isinstance(node, Tuple):
             return self.rewrite_tuple(node, tuple(n(f) for f in node.fields))
         if isinstance(node, TupleGetItem):

@@ -195,13 +195,19 @@ class _GraphBuilder:
 
 
 def _made_by(call: rx.Call) -> str:
-    """The ops a call runs, for messages: "nn.dense", or "nn.dense+nn.bias_add+nn.relu" for a fused one."""
+    """The ops a call runs and where they came from, for messages: "nn.dense (at model.py:12)", or
+    "nn.conv2d+nn.bias_add+nn.relu (at conv_1, relu_1)" for a fused one (ONNX nodes are their spans)."""
     if isinstance(call.op, Op):
-        return call.op.name
-    if isinstance(call.op, rx.Function):
-        names = [n.op.name for n in post_order(call.op.body) if isinstance(n, rx.Call) and isinstance(n.op, Op)]
-        return "+".join(dict.fromkeys(names))
-    return ""
+        calls = [call]
+    elif isinstance(call.op, rx.Function):
+        calls = [n for n in post_order(call.op.body) if isinstance(n, rx.Call) and isinstance(n.op, Op)]
+    else:
+        return ""
+    names = "+".join(dict.fromkeys(n.op.name for n in calls if isinstance(n.op, Op)))
+    spans = list(dict.fromkeys(str(n.span) for n in calls if n.span is not None))
+    if not spans:
+        return names
+    return f"{names} (at {', '.join(spans[:3])}{', ...' if len(spans) > 3 else ''})"
 
 
 def _wrap(call: rx.Call) -> rx.Function:
