@@ -27,7 +27,8 @@ from kiln.bench import median_seconds
 from kiln.cli import ProgressBar, after_build_passes
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
-from kiln.registry import Op, attr, select_implementation
+from kiln.registry import Op, attr
+from kiln.relay.backend.strategy import select_implementation
 from kiln.relay.printer import astext
 from kiln.relay.transform.fuse_ops import PATTERN_NAMES
 from kiln.relay.visitor import post_order

@@ -38,7 +38,7 @@ def _register_two_ops() -> None:
 
 def test_ops_json_lists_each_op_once_with_its_schema(capsys: pytest.CaptureFixture[str]) -> None:
     _register_two_ops()
-    register_op("test.pad").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)  # a second registration
+    registry.Op.get("test.pad").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)  # a second registration
     assert main(["ops", "--json"]) == 0
     records = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in records]

@@ -14,8 +14,9 @@ from op_helpers import build_op, check_build, rand
 
 from kiln import registry, relay, te
 from kiln.ir.transform import PassContext
-from kiln.registry import register_implementation, select_implementation
+from kiln.registry import register_implementation
 from kiln.relay.backend.build_module import build
+from kiln.relay.backend.strategy import select_implementation
 from kiln.relay.backend.te_compiler import _Lowerer
 from kiln.relay.op._schedule import schedule_generic
 from kiln.relay.op.conv import _conv2d_compute

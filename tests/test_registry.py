@@ -42,14 +42,14 @@ def _full_op(name: str = "test.scale") -> OpRegEntry:
 def test_op_get_returns_the_same_interned_object() -> None:
     _full_op()
     assert Op.get("test.scale") is Op.get("test.scale")
-    assert register_op("test.scale").key is Op.get("test.scale")
+    assert registry.op_registry().register_or_get("test.scale").key is Op.get("test.scale")
 
 
 def test_register_or_get_keeps_the_registration_index() -> None:
     a = register_op("test.first").key
     b = register_op("test.second").key
     assert b.index == a.index + 1
-    assert register_op("test.first").key.index == a.index
+    assert registry.op_registry().register_or_get("test.first").key.index == a.index
     assert Op.list_names()[-2:] == ["test.first", "test.second"]
 
 
@@ -113,9 +113,9 @@ def test_has_attr_answers_for_this_op_only() -> None:
 def test_higher_plevel_overrides_and_lower_plevel_is_ignored() -> None:
     _full_op()
     op = Op.get("test.scale")
-    register_op("test.scale").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=11)
+    op.set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=11)
     assert op.get_attr(attr.TOpPattern) is OpPattern.OPAQUE
-    register_op("test.scale").set_attr(attr.TOpPattern, OpPattern.INJECTIVE, plevel=5)
+    op.set_attr(attr.TOpPattern, OpPattern.INJECTIVE, plevel=5)
     assert op.get_attr(attr.TOpPattern) is OpPattern.OPAQUE
     slot = registry.op_registry().slot(attr.TOpPattern, op)
     assert slot is not None and slot.plevel == 11
@@ -137,10 +137,10 @@ def test_same_plevel_twice_names_both_sites() -> None:
 
 def test_reset_attr_removes_the_attribute_whatever_its_plevel() -> None:
     _full_op()
-    register_op("test.scale").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=50).reset_attr(attr.TOpPattern)
     op = Op.get("test.scale")
+    op.set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=50).reset_attr(attr.TOpPattern)
     assert not op.has_attr(attr.TOpPattern)
-    register_op("test.scale").set_attr(attr.TOpPattern, OpPattern.BROADCAST, plevel=1)
+    op.set_attr(attr.TOpPattern, OpPattern.BROADCAST, plevel=1)
     assert op.get_attr(attr.TOpPattern) is OpPattern.BROADCAST
 
 
@@ -171,7 +171,7 @@ def test_string_keys_resolve_and_typos_name_the_closest_key() -> None:
     register_op("test.s").set_attr("TOpPattern", OpPattern.ELEMWISE)
     assert Op.get("test.s").get_attr("TOpPattern") is OpPattern.ELEMWISE
     with pytest.raises(UnknownNameError, match=r"unknown op attribute key 'TOpPatern' \(did you mean 'TOpPattern'"):
-        register_op("test.s").set_attr("TOpPatern", OpPattern.ELEMWISE)
+        Op.get("test.s").set_attr("TOpPatern", OpPattern.ELEMWISE)
     with pytest.raises(UnknownNameError, match="FComptue"):
         Op.get_attr_map("FComptue")
 
@@ -181,7 +181,7 @@ def test_declared_keys_work_like_built_in_ones() -> None:
     register_op("test.cost").set_attr("TMyCost", 3)
     assert Op.get("test.cost").get_attr(key) == 3
     with pytest.raises(AttrValueError, match="TMyCost of op test.cost expects an int"):
-        register_op("test.cost").set_attr(key, True, plevel=20)
+        Op.get("test.cost").set_attr(key, True, plevel=20)
 
 
 def test_keys_of_another_registry_are_refused() -> None:
@@ -191,7 +191,7 @@ def test_keys_of_another_registry_are_refused() -> None:
         register_op("test.wrongkey").set_attr(FTargetParser, lambda opts: opts)
     undeclared = registry.AttrKey("TOpPattern", "an int", registry.instance_of(int))  # same name, another key
     with pytest.raises(UnknownNameError, match="unknown op attribute key 'TOpPattern'"):
-        register_op("test.wrongkey").set_attr(undeclared, 1)
+        Op.get("test.wrongkey").set_attr(undeclared, 1)
 
 
 def test_all_issue_keys_exist_as_constants() -> None:
@@ -214,7 +214,7 @@ def test_unknown_op_lists_the_closest_names() -> None:
 
 @pytest.mark.parametrize("name", ["add", "nn.conv2d", "dyn.nn.pad", "qnn.conv2d_transpose", "a1"])
 def test_valid_op_names(name: str) -> None:
-    assert register_op(name).name == name
+    assert registry.op_registry().register_or_get(name).name == name
 
 
 @pytest.mark.parametrize("name", ["", "Add", "nn.Conv2d", "nn..conv", ".add", "add.", "1add", "nn-conv", "a b", 3])
@@ -259,14 +259,14 @@ def test_type_relation_order_does_not_matter() -> None:
 
 
 def test_metadata_cannot_be_silently_changed() -> None:
-    register_op("test.meta").describe("one thing")
-    register_op("test.meta").describe("one thing")  # the same value again is fine
+    entry = register_op("test.meta").describe("one thing")
+    entry.describe("one thing")  # the same value again is fine
     with pytest.raises(RegistryError, match="description is set to 'one thing' at .*test_registry.py"):
-        register_op("test.meta").describe("another thing")
+        entry.describe("another thing")
     with pytest.raises(RegistryError, match="set_attrs_type expects an attrs class"):
-        register_op("test.meta").set_attrs_type(dict)
+        entry.set_attrs_type(dict)
     with pytest.raises(RegistryError, match=r"support level must be an int in \[0, 10\]"):
-        register_op("test.meta").set_support_level(11)
+        entry.set_support_level(11)
 
 
 def test_a_user_overrides_an_attribute_registered_elsewhere() -> None:
@@ -276,8 +276,8 @@ def test_a_user_overrides_an_attribute_registered_elsewhere() -> None:
     site = registry.op_registry().slot(attr.TOpPattern, op)
     assert site is not None and "test_registry.py" in str(site.site)
     # ... and a user replaces its compute from Python at a higher plevel.
-    register_op("lib.relu").set_attr(attr.FCompute, lambda *a: "mine", plevel=20)
-    register_op("lib.relu").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)
+    op.set_attr(attr.FCompute, lambda *a: "mine", plevel=20)
+    op.set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)
     assert op.get_attr(attr.FCompute)() == "mine"  # type: ignore[misc]  # FCompute is a callable
     assert Op.get_attr_map(attr.TOpPattern)[op] is OpPattern.OPAQUE
 
@@ -285,11 +285,11 @@ def test_a_user_overrides_an_attribute_registered_elsewhere() -> None:
 def test_registration_helpers_report_their_callers_line() -> None:
     # Frames inside RegEntry methods are skipped, so the site is this file, not op.py.
     line = _line()
-    register_op("test.site").set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
+    entry = register_op("test.site").set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
     slot = registry.op_registry().slot(attr.TOpPattern, Op.get("test.site"))
     assert slot is not None and str(slot.site).endswith(f"test_registry.py:{line}")
     line = _line()
-    register_op("test.site").describe("where")
+    entry.describe("where")
     assert re.fullmatch(rf".*test_registry\.py:{line}", str(Op.get("test.site").meta.site_of("description")))
 
 
@@ -297,3 +297,65 @@ def test_ops_pickle_by_name() -> None:
     _full_op()
     op = Op.get("test.scale")
     assert pickle.loads(pickle.dumps(op)) is op
+
+
+# --- a second definition, families of keys, resets of one plevel -----------------------------
+
+
+def test_a_second_definition_of_an_op_names_both_sites() -> None:
+    first = _line()
+    register_op("test.twice").describe("once")
+    second = _line()
+    with pytest.raises(registry.OpAlreadyExistsError) as info:
+        register_op("test.twice")
+    message = str(info.value)
+    assert f"op 'test.twice' is defined twice: first at tests/test_registry.py:{first}" in message
+    assert f"again at tests/test_registry.py:{second + 1}" in message
+    assert "use Op.get('test.twice').set_attr(...)" in message
+    with pytest.raises(registry.OpAlreadyExistsError, match=r"op 'nn.relu' is defined twice: first at "
+                                                             r"kiln/relay/op/nn.py:\d+"):
+        register_op("nn.relu")
+    Op.get("test.twice").set_attr(attr.FReference, lambda attrs, x: x)  # adding attributes is fine
+    assert registry.op_registry().register_or_get("test.twice").key is Op.get("test.twice")
+
+
+def test_keyed_attributes_resolve_by_key_and_by_string() -> None:
+    op = _full_op().key
+    cuda = attr.FSchedule["cuda"]
+    assert cuda.name == "FSchedule[cuda]" and cuda.qualifier == "cuda" and cuda.base is attr.FSchedule
+    op.set_attr(cuda, _schedule_a)
+    op.set_attr("FSchedule[llvm]", _schedule_b)
+    op.set_attr(attr.FSchedule, _schedule_b)
+    assert op.get_attr(attr.FSchedule["cuda"]) is _schedule_a and op.get_attr("FSchedule[cuda]") is _schedule_a
+    slots = registry.op_registry().family_slots(attr.FSchedule, op)
+    assert list(slots) == ["cuda", "llvm"] and slots["llvm"].value is _schedule_b
+    with pytest.raises(AttrValueError, match=r"attribute key TOpPattern takes no qualifier"):
+        attr.TOpPattern["cuda"]
+    with pytest.raises(AttrValueError, match=r"FSchedule is qualified by a target kind name: .* got 'a b'"):
+        attr.FSchedule["a b"]
+    with pytest.raises(UnknownNameError, match=r"unknown op attribute key 'FShedule'"):
+        op.set_attr("FShedule[cuda]", _schedule_a)
+
+
+def _schedule_a(*args: object) -> None:
+    """A stand-in schedule."""
+
+
+def _schedule_b(*args: object) -> None:
+    """Another stand-in schedule."""
+
+
+def test_resetting_one_plevel_shows_the_value_it_hid() -> None:
+    op = _full_op().key  # TOpPattern ELEMWISE at plevel 10
+    op.set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)
+    op.set_attr(attr.TOpPattern, OpPattern.BROADCAST, plevel=5)  # hidden under both
+    with pytest.raises(DuplicateAttrError, match="set twice at plevel 5"):
+        op.set_attr(attr.TOpPattern, OpPattern.INJECTIVE, plevel=5)
+    assert op.get_attr(attr.TOpPattern) is OpPattern.OPAQUE
+    op.reset_attr(attr.TOpPattern, plevel=20)
+    assert op.get_attr(attr.TOpPattern) is OpPattern.ELEMWISE
+    op.reset_attr(attr.TOpPattern, plevel=10)
+    assert op.get_attr(attr.TOpPattern) is OpPattern.BROADCAST
+    op.set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)
+    op.reset_attr(attr.TOpPattern)  # every plevel
+    assert not op.has_attr(attr.TOpPattern)

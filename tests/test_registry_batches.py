@@ -54,7 +54,7 @@ def test_eight_threads_registering_and_reading_lose_nothing_and_see_no_half_buil
                     .set_attr(attr.FReference, _reference)
                 )
             # every thread races on the same shared names, each at its own plevel
-            register_op(f"conc.shared_{i}").set_attr(rank, t, plevel=t + 1)
+            registry.op_registry().register_or_get(f"conc.shared_{i}").set_attr(rank, t, plevel=t + 1)
 
     def reader() -> None:
         start.wait()
@@ -118,7 +118,7 @@ def test_deferred_rolls_back_everything_on_an_exception() -> None:
     before = Op.list_names()
     with pytest.raises(ValueError, match="boom"), registry.deferred():
         register_op("batch.new").describe("new")
-        register_op("batch.kept").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)
+        Op.get("batch.kept").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)
         raise ValueError("boom")
     assert Op.list_names() == before
     assert Op.get("batch.kept").get_attr(attr.TOpPattern) is OpPattern.ELEMWISE
@@ -130,7 +130,7 @@ def test_deferred_rolls_back_even_when_the_error_was_caught_inside() -> None:
         with registry.deferred():
             register_op("batch.other").describe("other")
             with contextlib.suppress(RegistryError):
-                register_op("batch.dup").set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+                Op.get("batch.dup").set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     assert "batch.other" not in Op.list_names()
 
 
@@ -164,7 +164,7 @@ def test_other_threads_never_see_an_open_batch() -> None:
         inside.set()
         looker.join(timeout=0.2)  # the looker blocks on the registry until the batch ends
         assert looker.is_alive()
-        register_op("batch.slow").set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
+        Op.get("batch.slow").set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
     looker.join()
     assert seen == [True]
 
@@ -176,13 +176,15 @@ def test_watchers_see_every_registration_with_its_outcome() -> None:
     events: list[RegistrationEvent] = []
     watcher = registry.add_watcher(events.append)
     try:
-        register_op("watch.a").set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
-        register_op("watch.a").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)
-        register_op("watch.a").set_attr(attr.TOpPattern, OpPattern.BROADCAST, plevel=5)
+        entry = register_op("watch.a").set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
+        entry.set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)
+        entry.set_attr(attr.TOpPattern, OpPattern.BROADCAST, plevel=5)
         with pytest.raises(RegistryError):
-            register_op("watch.a").set_attr(attr.TOpPattern, OpPattern.BROADCAST, plevel=20)
+            entry.set_attr(attr.TOpPattern, OpPattern.BROADCAST, plevel=20)
         with pytest.raises(RegistryError):
             register_op("Watch")
+        with pytest.raises(RegistryError):
+            register_op("watch.a")  # defined already
     finally:
         registry.remove_watcher(watcher)
     register_op("watch.after")  # not seen: the watcher is gone
@@ -194,6 +196,7 @@ def test_watchers_see_every_registration_with_its_outcome() -> None:
         ("set_attr", "watch.a", "TOpPattern", 5, "ignored"),
         ("set_attr", "watch.a", "TOpPattern", 20, "error"),
         ("register", "Watch", None, None, "error"),
+        ("register", "watch.a", None, None, "error"),
     ]
     assert events[0].registry == "op"
     assert "test_registry_batches.py" in str(events[1].site)
@@ -253,7 +256,7 @@ def test_scope_restores_entries_attributes_and_metadata() -> None:
     names = Op.list_names()
     with registry.scope():
         register_op("scope.throwaway").describe("gone soon").set_attr(attr.TOpPattern, OpPattern.OPAQUE)
-        register_op("scope.kept").set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=99).add_argument("x", "T")
+        kept.set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=99).add_argument("x", "T")
         registry.declare_attr_key("TInner", "an int", registry.instance_of(int))
         throwaway = Op.get("scope.throwaway")
         assert len(pattern) == built_in + 2

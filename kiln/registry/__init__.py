@@ -6,7 +6,7 @@ machinery that the target kinds and tags reuse.
 """
 
 from kiln.registry import attr
-from kiln.registry.attr import OpPattern, TypeRelation
+from kiln.registry.attr import Implementation, OpPattern, TypeRelation
 from kiln.registry.attr_registry import (
     AttrKey,
     AttrMap,
@@ -19,16 +19,11 @@ from kiln.registry.attr_registry import (
 )
 from kiln.registry.batch import RegistrationEvent, add_watcher, deferred, remove_watcher, scope
 from kiln.registry.export import export_json, format_op, format_table, op_record
-from kiln.registry.impl import (
-    Implementation,
-    NoImplementationError,
-    implementations,
-    register_implementation,
-    select_implementation,
-)
+from kiln.registry.impl import NoImplementationError, implementations, register_implementation
 from kiln.registry.op import (
     Argument,
     Op,
+    OpAlreadyExistsError,
     OpAttrMap,
     OpMeta,
     OpRegEntry,
@@ -46,6 +41,7 @@ __all__ = [
     "AttrMap",
     "AttrRegistry",
     "Op",
+    "OpAlreadyExistsError",
     "OpAttrMap",
     "OpMeta",
     "OpPattern",
@@ -73,5 +69,4 @@ __all__ = [
     "register_op",
     "remove_watcher",
     "scope",
-    "select_implementation",
 ]

@@ -8,7 +8,7 @@ New keys are declared with `registry.declare_attr_key`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -56,14 +56,66 @@ FTypeRelation: AttrKey[TypeRelation] = AttrKey(
     instance_of(TypeRelation),
     "type relation computing the output type from the argument types and attrs",
 )
-FCompute: AttrKey[Callable[..., Any]] = AttrKey(
-    "FCompute", "a callable", is_callable, "(attrs, inputs, out_type) -> list of te tensors"
+Compute = Callable[..., Any]  # (attrs, inputs: list[te.Tensor], out_type) -> list[te.Tensor]
+Schedule = Callable[..., Any]  # (sch, anchor_outs, outs, target) -> None
+
+
+@attrs.frozen
+class Implementation:
+    """One way to compute and schedule an op: a member of its `FStrategy` family.
+
+    Lowering takes, among the implementations that match the target kind, the
+    input dtypes and (when one is forced) the label, the one of the highest
+    plevel, then the highest priority, then the latest set. An op's `FCompute`
+    with its `FSchedule` for the target is its "generic" implementation, of
+    priority 0. Equal implementations (same functions, same keys) lower alike,
+    so an implementation is part of the kernel cache's key.
+    """
+
+    op_name: str
+    name: str
+    compute: Compute
+    schedule: Schedule | None  # None: the target kind's default schedule for the op's pattern
+    target: str = "*"  # a target kind name, or "*" for every target
+    dtypes: frozenset[str] | None = None  # every tensor input's dtype must be one of these; None: any
+    label: str | None = None
+    priority: int = 10
+    plevel: int = 10
+    site: Any = attrs.field(default=None, eq=False)  # where it was registered (a Site)
+
+    def matches(self, target_kind: str, dtypes: Iterable[str], label: str | None) -> bool:
+        """Whether this implementation serves `target_kind`, input `dtypes` and (if given) `label`."""
+        if self.target not in ("*", target_kind):
+            return False
+        if self.dtypes is not None and any(d not in self.dtypes for d in dtypes):
+            return False
+        return label is None or self.label == label
+
+    def rank(self) -> tuple[int, int]:
+        """How lowering orders matching implementations: plevel first, then priority."""
+        return (self.plevel, self.priority)
+
+    def describe(self) -> str:
+        """One line: name, target, dtypes, label, plevel, priority and where it was registered."""
+        dts = "any dtype" if self.dtypes is None else "/".join(sorted(self.dtypes))
+        label = f", label {self.label!r}" if self.label else ""
+        return (f"{self.name} (target {self.target}, {dts}{label}, plevel {self.plevel}, "
+                f"priority {self.priority}, at {self.site})")
+
+
+FCompute: AttrKey[Compute] = AttrKey(
+    "FCompute", "a callable", is_callable,
+    "(attrs, inputs, out_type) -> list of te tensors: what the op computes, for every target",
 )
-FSchedule: AttrKey[Callable[..., Any]] = AttrKey(
-    "FSchedule", "a callable", is_callable, "(attrs, outs, target) -> te schedule"
+FSchedule: AttrKey[Schedule] = AttrKey(
+    "FSchedule", "a callable", is_callable,
+    "(sch, anchor_outs, outs, target) -> None: schedules FCompute; FSchedule[kind] for one target kind",
+    qualified_by="a target kind name",
 )
-FStrategy: AttrKey[Callable[..., Any]] = AttrKey(
-    "FStrategy", "a callable", is_callable, "(attrs, inputs, out_type, target) -> implementations"
+FStrategy: AttrKey[Implementation] = AttrKey(
+    "FStrategy", "an Implementation (use registry.register_implementation)", instance_of(Implementation),
+    "more implementations of the op: FStrategy[target:name]",
+    qualified_by="'target:name'",
 )
 FPrimalGradient: AttrKey[Callable[..., Any]] = AttrKey(
     "FPrimalGradient", "a callable", is_callable, "(call, output_grad) -> list of input gradients"

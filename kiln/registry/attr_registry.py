@@ -13,6 +13,7 @@ its lock.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Generic, TypeVar, cast, overload
@@ -40,13 +41,32 @@ MetaT = TypeVar("MetaT")
 # Registration sites
 # ---------------------------------------------------------------------------
 
+_SEQUENCE = itertools.count()  # orders every attribute set, so "the latest among equals" is well defined
+
+
 @attrs.frozen
 class Slot(Generic[V]):
-    """One attribute value of one entry, with the plevel and site that set it."""
+    """One attribute value of one entry, with the plevel and site that set it.
+
+    `below` holds the values of lower plevels that this one overrides (highest
+    first), so that `reset_attr(key, plevel=p)` of an override shows again
+    what it hid.
+    """
 
     value: V
     plevel: int
     site: Site
+    seq: int = attrs.field(factory=lambda: next(_SEQUENCE), eq=False, repr=False)
+    below: tuple[Slot[V], ...] = attrs.field(default=(), eq=False, repr=False)
+
+    def levels(self) -> tuple[Slot[V], ...]:
+        """This slot and the ones it hides, highest plevel first (each without its own `below`)."""
+        return (attrs.evolve(self, below=()), *self.below)
+
+
+def _stack(levels: list[Slot[Any]]) -> Slot[Any] | None:
+    """The slot that shows for `levels` (highest plevel first): the top, hiding the rest."""
+    return attrs.evolve(levels[0], below=tuple(levels[1:])) if levels else None
 
 
 # ---------------------------------------------------------------------------
@@ -54,18 +74,42 @@ class Slot(Generic[V]):
 # ---------------------------------------------------------------------------
 
 
+_QUALIFIER = re.compile(r"[A-Za-z0-9_.*-]+(:[A-Za-z0-9_.*-]+)*")
+
+
 @attrs.frozen
 class AttrKey(Generic[V]):
     """A named attribute key and the kind of value it accepts.
 
     Keys are module constants (`attr.TOpPattern`), so a typo fails at import;
-    `check` refuses a value of the wrong kind at registration.
+    `check` refuses a value of the wrong kind at registration. A key with
+    `qualified_by` is also a family of keys: `attr.FSchedule["cuda"]` is the
+    column `FSchedule[cuda]`, a value for one target kind beside the plain
+    `FSchedule` for all of them.
     """
 
     name: str
     expects: str  # what a valid value is, in words: "an OpPattern", "a callable"
     check: Callable[[object], bool] = attrs.field(eq=False, repr=False)
     doc: str = attrs.field(default="", eq=False, repr=False)
+    qualified_by: str = attrs.field(default="", eq=False, repr=False)  # what a qualifier names, in words
+    base: AttrKey[V] | None = attrs.field(default=None, eq=False, repr=False)
+
+    def __getitem__(self, qualifier: str) -> AttrKey[V]:
+        """The member of this family for `qualifier` (a target kind name, ...)."""
+        if not self.qualified_by or self.base is not None:
+            raise AttrValueError(f"attribute key {self.name} takes no qualifier, got [{qualifier!r}]")
+        if not isinstance(qualifier, str) or not _QUALIFIER.fullmatch(qualifier):
+            raise AttrValueError(
+                f"attribute key {self.name} is qualified by {self.qualified_by}: "
+                f"letters, digits, '_', '.', '-', '*' and ':', got {qualifier!r}"
+            )
+        return AttrKey(f"{self.name}[{qualifier}]", self.expects, self.check, self.doc, "", self)
+
+    @property
+    def qualifier(self) -> str | None:
+        """The qualifier of a family member (`"cuda"` for `FSchedule[cuda]`), else None."""
+        return None if self.base is None else self.name[len(self.base.name) + 1 : -1]
 
     def validate(self, value: object, owner: str) -> None:
         """Raises AttrValueError naming `owner` unless `value` is valid for this key."""
@@ -144,9 +188,9 @@ class RegEntry(Generic[KeyT]):
         self._registry().update_attr(key, self.key, value, plevel, Site.here())
         return self
 
-    def reset_attr(self, key: AttrKey[Any] | str) -> RegEntry[KeyT]:
-        """Removes attribute `key` from this entry, whatever its plevel."""
-        self._registry().reset_attr(key, self.key, Site.here())
+    def reset_attr(self, key: AttrKey[Any] | str, plevel: int | None = None) -> RegEntry[KeyT]:
+        """Removes attribute `key` from this entry: every plevel, or only the value set at `plevel`."""
+        self._registry().reset_attr(key, self.key, Site.here(), plevel)
         return self
 
     def __repr__(self) -> str:
@@ -158,6 +202,7 @@ class _State:
     names: dict[str, int]
     keys: list[Any]
     metas: list[Any]
+    created: list[Site]
     columns: dict[str, list[Slot[Any] | None]]
     attr_keys: dict[str, AttrKey[Any]]
 
@@ -197,6 +242,7 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
         self._names: dict[str, int] = {}
         self._keys: list[KeyT] = []
         self._metas: list[MetaT] = []
+        self._created: list[Site] = []  # where each entry was first registered
         self._columns: dict[str, list[Slot[Any] | None]] = {}
         self._attr_keys: dict[str, AttrKey[Any]] = {}
         with _LOCK:
@@ -236,10 +282,17 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
                 index = len(self._keys)
                 self._keys.append(self._key_type(self, name, index))
                 self._metas.append(self._meta_type())
+                self._created.append(site)
                 self._names[name] = index
                 self._touch(name)
                 self._emit(name, "register", "ok", site)
             return self._entry_type(self._keys[index])
+
+    def created_at(self, key: KeyT) -> Site:
+        """Where `key` was first registered."""
+        with _LOCK:
+            self._check(key)
+            return self._created[key.index]
 
     def get(self, name: str) -> KeyT:
         """Returns the key named `name`; an unknown name lists the closest ones."""
@@ -318,8 +371,19 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
         return key
 
     def attr_key(self, key: AttrKey[V] | str) -> AttrKey[V]:
-        """Resolves a declared key, or a declared key's name; an unknown name lists the closest."""
+        """Resolves a declared key, or a declared key's name; an unknown name lists the closest.
+
+        A family member (`FSchedule[cuda]`, or that string) resolves through its declared family.
+        """
         name = key.name if isinstance(key, AttrKey) else key
+        family, bracket, rest = name.partition("[")
+        if bracket and rest.endswith("]"):
+            base: AttrKey[V] = self.attr_key(family)
+            if isinstance(key, AttrKey):
+                if key.base is not base:
+                    raise UnknownNameError(f"attribute key {name!r} is not a member of the declared {family}")
+                return key
+            return base[rest[:-1]]
         with _LOCK:
             found = self._attr_keys.get(name)
             names = list(self._attr_keys)
@@ -363,34 +427,43 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
             if len(column) <= key.index:
                 column.extend([None] * (key.index + 1 - len(column)))
             old = column[key.index]
-            if old is not None and old.plevel == plevel:
+            levels = [] if old is None else list(old.levels())
+            same = next((lv for lv in levels if lv.plevel == plevel), None)
+            if same is not None:
                 message = (
                     f"attribute {attr_key.name} of {owner} is set twice at plevel {plevel}: "
-                    f"first at {old.site}, again at {site}; use a higher plevel to override"
+                    f"first at {same.site}, again at {site}; use a higher plevel to override"
                 )
                 self._emit(key.name, "set_attr", "error", site, attr_key.name, plevel, message)
                 raise DuplicateAttrError(message)
-            if old is not None and old.plevel > plevel:
+            levels.append(Slot(value, plevel, site))
+            levels.sort(key=lambda lv: -lv.plevel)
+            column[key.index] = _stack(levels)
+            self._touch(key.name)
+            if old is not None and old.plevel > plevel:  # kept below, shown if the higher ones are reset
                 self._emit(
                     key.name, "set_attr", "ignored", site, attr_key.name, plevel,
                     f"plevel {old.plevel} set at {old.site} wins",
                 )
                 return
-            column[key.index] = Slot(value, plevel, site)
-            self._touch(key.name)
             self._emit(key.name, "set_attr", "ok" if old is None else "overridden", site, attr_key.name, plevel)
 
-    def reset_attr(self, attr: AttrKey[Any] | str, key: KeyT, site: Site | None = None) -> None:
-        """Removes attribute `attr` from `key`, whatever its plevel."""
+    def reset_attr(
+        self, attr: AttrKey[Any] | str, key: KeyT, site: Site | None = None, plevel: int | None = None
+    ) -> None:
+        """Removes attribute `attr` from `key`: every value, or with `plevel` the one set at that plevel
+        (an override reset shows again the value it hid)."""
         site = site or Site.here()
         attr_key = self.attr_key(attr)
         with mutation():
             self._check(key)
             column = self._columns.get(attr_key.name, [])
             if key.index < len(column):
-                column[key.index] = None
+                old = column[key.index]
+                keep = [] if old is None or plevel is None else [lv for lv in old.levels() if lv.plevel != plevel]
+                column[key.index] = _stack(keep)
             self._touch(key.name)
-            self._emit(key.name, "reset_attr", "ok", site, attr_key.name)
+            self._emit(key.name, "reset_attr", "ok", site, attr_key.name, plevel)
 
     def slot(self, attr: AttrKey[Any] | str, key: KeyT) -> Slot[Any] | None:
         """Returns the slot of `attr` for `key` (value, plevel, site), or None."""
@@ -428,6 +501,13 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
                     found[name] = slot
             return found
 
+    def family_slots(self, family: AttrKey[V], key: KeyT) -> dict[str, Slot[V]]:
+        """The members of `family` that `key` carries, by qualifier, in the order they were set."""
+        base = self.attr_key(family)
+        prefix = base.name + "["
+        found = [(name[len(prefix) : -1], slot) for name, slot in self.attrs_of(key).items() if name.startswith(prefix)]
+        return dict(sorted(found, key=lambda item: item[1].seq))
+
     def get_attr_map(self, attr: AttrKey[V] | str) -> AttrMap[KeyT, V]:
         """Returns a live view of one attribute column."""
         return AttrMap(self, self.attr_key(attr))
@@ -439,6 +519,7 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
             dict(self._names),
             list(self._keys),
             list(self._metas),
+            list(self._created),
             {name: list(column) for name, column in self._columns.items()},
             dict(self._attr_keys),
         )
@@ -447,6 +528,7 @@ class AttrRegistry(Generic[EntryT, KeyT, MetaT]):
         self._names = dict(state.names)
         self._keys = list(state.keys)
         self._metas = list(state.metas)
+        self._created = list(state.created)
         self._columns = {name: list(column) for name, column in state.columns.items()}
         self._attr_keys = dict(state.attr_keys)
 

@@ -32,7 +32,7 @@ from kiln.registry.attr_registry import (
     RegEntry,
     RegKey,
 )
-from kiln.registry.batch import add_commit_check
+from kiln.registry.batch import add_commit_check, mutation
 from kiln.registry.site import Site
 
 V = TypeVar("V")
@@ -98,6 +98,14 @@ class Op(RegKey):
     def has_attr(self, key: AttrKey[Any] | str) -> bool:
         """Whether this op (not any op) carries attribute `key`."""
         return _REGISTRY.slot(key, self) is not None
+
+    def set_attr(self, key: AttrKey[Any] | str, value: object, plevel: int = 10) -> OpRegEntry:
+        """Sets attribute `key` of this op (TVM's `Op.set_attr`); a higher plevel overrides a lower one."""
+        return OpRegEntry(self).set_attr(key, value, plevel)
+
+    def reset_attr(self, key: AttrKey[Any] | str, plevel: int | None = None) -> OpRegEntry:
+        """Removes attribute `key` from this op: every plevel, or only the value set at `plevel`."""
+        return OpRegEntry(self).reset_attr(key, plevel)
 
     @property
     def meta(self) -> OpMeta:
@@ -245,9 +253,9 @@ class OpRegEntry(RegEntry[Op]):
         super().set_attr(key, value, plevel)
         return self
 
-    def reset_attr(self, key: AttrKey[Any] | str) -> OpRegEntry:
-        """Removes attribute `key` from the op."""
-        super().reset_attr(key)
+    def reset_attr(self, key: AttrKey[Any] | str, plevel: int | None = None) -> OpRegEntry:
+        """Removes attribute `key` from the op: every plevel, or only the value set at `plevel`."""
+        super().reset_attr(key, plevel)
         return self
 
 
@@ -271,9 +279,29 @@ def _verify_op(key: RegKey) -> None:
 add_commit_check("op", _verify_op)
 
 
+class OpAlreadyExistsError(RegistryError):
+    """`register_op` of a name that is defined already (TensorFlow's AlreadyExists)."""
+
+
 def register_op(name: str) -> OpRegEntry:
-    """Registers the op `name` (or returns its entry if it exists) for a `set_attr` chain."""
-    return _REGISTRY.register_or_get(name)
+    """Defines the op `name` and returns its entry for a `set_attr` chain.
+
+    A second definition of the same name is an error naming both sites; to add
+    attributes to an op that exists, use `Op.get(name).set_attr(...)` (or
+    `op_registry().register_or_get(name)`, TVM's get-or-create).
+
+    Raises:
+        OpAlreadyExistsError: when `name` is defined already.
+    """
+    site = Site.here()
+    with mutation():
+        existing = _REGISTRY.find(name)
+        if existing is not None:
+            message = (f"op {name!r} is defined twice: first at {_REGISTRY.created_at(existing)}, again at {site}; "
+                       f"to add attributes to it, use Op.get({name!r}).set_attr(...)")
+            _REGISTRY._emit(name, "register", "error", site, message=message)
+            raise OpAlreadyExistsError(message)
+        return _REGISTRY.register_or_get(name)
 
 
 def declare_attr_key(

@@ -200,6 +200,14 @@ FTargetParser: AttrKey[Callable[[dict[str, Any]], Mapping[str, Any]]] = _REGISTR
 TDeviceType: AttrKey[str] = _REGISTRY.declare_key(
     AttrKey("TDeviceType", "a string", instance_of(str), "the device that runs the code: 'cpu' or 'cuda'")
 )
+FDefaultSchedule: AttrKey[Callable[[Any], Callable[..., None]]] = _REGISTRY.declare_key(
+    AttrKey(
+        "FDefaultSchedule",
+        "a callable",
+        is_callable,
+        "(op pattern) -> the schedule of an op that has no FSchedule for this kind (set by the op library)",
+    )
+)
 
 
 def register_target_kind(name: str) -> TargetKindRegEntry:

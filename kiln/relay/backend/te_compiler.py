@@ -1,9 +1,10 @@
 """Lowering a primitive (fused) Relay function to one compiled kernel.
 
 For each call in the function, in order, the op's implementation is selected
-from the registry's table (target kind, input dtypes, and a label forced
-through `PassContext(config={"relay.backend.use_label": {op: label}})`) and
-its compute builds te tensors from the tensors of the call's arguments. The
+from its attributes (`strategy.select_implementation`: target kind, input
+dtypes, and a label forced through `PassContext(config={"relay.backend.use_label":
+{op: label}})`) and its compute builds te tensors from the tensors of the
+call's arguments. The
 anchor is the call with the most general `TOpPattern` (the last among equals);
 the group's other stages without reductions are inlined (except a compute's
 internal stages marked `KEEP`, which its schedule places), and the anchor's
@@ -28,9 +29,10 @@ from kiln.codegen.cuda_host import bound_tags
 from kiln.errors import KilnError
 from kiln.ir.transform import PassContext, register_config
 from kiln.ir.types import SymDim, TensorType, TupleType, Type
-from kiln.registry import Op, OpPattern, attr, select_implementation
+from kiln.registry import Op, OpPattern, attr
 from kiln.relay import expr as rx
 from kiln.relay.analysis import structural_hash
+from kiln.relay.backend.strategy import select_implementation
 from kiln.relay.op._schedule import KEEP, schedule_injective
 from kiln.relay.visitor import post_order
 from kiln.target import Target
@@ -88,7 +90,7 @@ class _Lowerer:
         for node in post_order(self.func.body):
             if isinstance(node, rx.Call) and isinstance(node.op, Op):
                 dtypes = [str(t.dtype) for a in node.args for t in tensor_types(a.checked_type, "an argument")]
-                impl = select_implementation(node.op.name, self.target.kind.name, dtypes, self.labels.get(node.op.name))
+                impl = select_implementation(node.op, self.target, dtypes, self.labels.get(node.op.name))
                 out.append((impl, node.op.get_attr(attr.TOpPattern, OpPattern.OPAQUE)))
         return tuple(out)
 
@@ -163,7 +165,7 @@ class _Lowerer:
         op = call.op
         assert isinstance(op, Op)
         dtypes = [t.dtype for t in inputs]
-        impl = select_implementation(op.name, self.target.kind.name, dtypes, self.labels.get(op.name))
+        impl = select_implementation(op, self.target, dtypes, self.labels.get(op.name))
         out_types = tensor_types(call.checked_type, f"op {op.name}")
         outs = impl.compute(call.attrs, inputs, call.checked_type)
         if not isinstance(outs, (list, tuple)) or len(outs) != len(out_types) or not all(

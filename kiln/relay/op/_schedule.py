@@ -1,12 +1,13 @@
 """Generic CPU schedules, and the helper that registers an op's compute with them.
 
 Every op registers its te compute in its own place (`relay/op/<family>.py`)
-with `register_compute(name, compute)`: that sets the op's `FCompute` and adds
-a "generic" implementation whose schedule follows the op's `TOpPattern`
-(`schedule_injective` for elementwise, broadcast and injective ops,
-`schedule_reduce` for reductions, `schedule_generic` otherwise), and a
-"generic" implementation for the `cuda` target (`schedule_cuda`). Ops with
-better schedules pass `schedule=` or register more implementations with
+with `register_compute(name, compute)`: that sets the op's `FCompute`. Unless
+the op sets its own `FSchedule`, each target kind schedules it by its
+`TOpPattern` (the kind's `FDefaultSchedule`, set here: on llvm
+`schedule_injective` for elementwise, broadcast and injective ops,
+`schedule_reduce` for reductions, `schedule_generic` otherwise; on cuda
+`schedule_cuda`). Ops with better schedules pass `schedule=` (their
+`FSchedule[llvm]`) or register more implementations with
 `registry.register_implementation`.
 
 A schedule is called as `schedule(sch, anchor_outs, outs, target)`: `sch` is
@@ -23,9 +24,9 @@ from typing import Any
 
 from kiln import te
 from kiln.ir.dtype import DataType
-from kiln.registry import Op, OpPattern, attr, mark_registration_helper, register_implementation, register_op
+from kiln.registry import Op, OpPattern, attr, mark_registration_helper
 from kiln.relay.op._nn_util import tensor_shape
-from kiln.target import Target
+from kiln.target import FDefaultSchedule, Target, register_target_kind
 
 mark_registration_helper(__file__)
 
@@ -186,23 +187,20 @@ def schedule_cuda(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequ
             bind_stage_cuda(sch, stage.op.output())
 
 
-def register_compute(
-    name: str, compute: Callable[..., Any], schedule: Callable[..., None] | None = None, plevel: int = 10
-) -> None:
-    """Sets op `name`'s `FCompute` and registers its "generic" implementation (for every target).
+def register_compute(name: str, compute: Callable[..., Any], schedule: Callable[..., None] | None = None) -> None:
+    """Sets op `name`'s `FCompute`, and with `schedule` its `FSchedule[llvm]` (its CPU schedule).
 
-    Args:
-        name: the op (registered already, with its `TOpPattern`).
-        compute: `(attrs, inputs, out_type) -> list of te tensors`.
-        schedule: the generic schedule; by default the one for the op's pattern.
-        plevel: the plevel of the `FCompute` attribute.
+    Without `schedule`, each target kind schedules the op by its pattern (`FDefaultSchedule`: on
+    llvm `default_schedule`, on cuda `schedule_cuda`).
     """
     op = Op.get(name)
-    register_op(name).set_attr(attr.FCompute, compute, plevel)
-    if schedule is None:
-        schedule = default_schedule(op.get_attr(attr.TOpPattern, OpPattern.OPAQUE))
-    register_implementation(name, compute, schedule, name="generic", priority=0)
-    register_implementation(name, compute, schedule_cuda, name="generic", target="cuda", priority=0)
+    op.set_attr(attr.FCompute, compute)
+    if schedule is not None:
+        op.set_attr(attr.FSchedule["llvm"], schedule)
+
+
+register_target_kind("llvm").set_attr(FDefaultSchedule, default_schedule)
+register_target_kind("cuda").set_attr(FDefaultSchedule, lambda pattern: schedule_cuda)
 
 
 def split_epilogue(sch: te.Schedule, anchor: te.Tensor, outs: Sequence[te.Tensor],

@@ -20,7 +20,7 @@ from kiln import te
 from kiln.ir.attrs import Attrs, FieldError, bool_value, int_tuple, optional, to_opt_int_tuple
 from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type
-from kiln.registry import OpPattern, attr, register_op
+from kiln.registry import Op, OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import accumulator
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
@@ -300,7 +300,7 @@ def _make_reduce(name: str) -> Callable[..., Call]:
         return call(name, [data], ReduceAttrs.make(name, axis=axis, keepdims=keepdims, exclude=exclude))
 
     constructor.__name__ = constructor.__qualname__ = name
-    description = register_op(name).key.description
+    description = Op.get(name).description
     constructor.__doc__ = f"""{name}(data, axis=None, keepdims=False, exclude=False): {description}.
 
     Args:

@@ -17,7 +17,7 @@ import numpy as np
 from kiln import te
 from kiln.ir.attrs import Attrs, float_value, to_dtype
 from kiln.ir.dtype import DataType
-from kiln.registry import OpPattern, attr, register_op
+from kiln.registry import Op, OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._reg import elementwise_compute, register_binary, register_unary
 from kiln.relay.op._rel import (
@@ -293,7 +293,7 @@ def _make_unary(name: str) -> Callable[[Expr], Call]:
         return call(name, [data])
 
     constructor.__name__ = constructor.__qualname__ = name
-    constructor.__doc__ = f"{name}(data): {register_op(name).key.description}."
+    constructor.__doc__ = f"{name}(data): {Op.get(name).description}."
     return constructor
 
 
@@ -302,7 +302,7 @@ def _make_binary(name: str) -> Callable[[Expr, Expr], Call]:
         return call(name, [lhs, rhs])
 
     constructor.__name__ = constructor.__qualname__ = name
-    constructor.__doc__ = f"{name}(lhs, rhs): {register_op(name).key.description}."
+    constructor.__doc__ = f"{name}(lhs, rhs): {Op.get(name).description}."
     return constructor
 
 
