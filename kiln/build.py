@@ -31,6 +31,7 @@ import attrs
 
 from kiln.codegen import cache, cuda, jit, nvrtc
 from kiln.codegen.llvm import emit_llvm_ir
+from kiln.runtime import linker
 from kiln.runtime.cuda_module import CudaModule
 from kiln.runtime.module import Module
 from kiln.target import Target
@@ -100,7 +101,7 @@ def build_cuda(prim: PrimFunc, target: Target) -> CudaModule:
     code = cuda.generate(prim, target)
     arch = nvrtc.resolve_arch(target)
     cubin = nvrtc.compile_cuda(code.source, arch, name=prim.name)
-    return CudaModule(prim, target, code, cubin, arch)
+    return CudaModule(prim, target, code, cubin, arch, ptx=lambda: nvrtc.compile_ptx(code.source, arch, name=prim.name))
 
 
 def build(
@@ -152,7 +153,7 @@ def build(
             store.put(key, module)
             return module
     obj, symbols, _ = compile_object(prim, tgt)
-    jit.check_symbols(symbols, prim.name)
+    linker.check_symbols(symbols, prim.name)
     module = Module(prim, tgt, obj, symbols, regenerate=regenerate)
     if use_cache:
         store.store(key, obj, symbols)

@@ -20,7 +20,7 @@ import kiln
 from kiln import te, tir
 from kiln.codegen import cuda, nvrtc
 from kiln.codegen.jit import CodegenError
-from kiln.runtime.cuda_module import CudaModule
+from kiln.runtime.cuda_module import CudaModule, eval_int
 from kiln.runtime.module import ArgumentError
 from kiln.target import Target
 
@@ -201,7 +201,7 @@ def test_each_top_level_nest_is_a_kernel_and_temporaries_are_workspaces():
     s, args = two_stages(100)
     mod = kiln.build(s, args, target=SM90)
     assert [k.name for k in mod.kernels] == ["main_kernel0", "main_kernel1"]
-    assert [(w.name, cuda.eval_int(w.shape[0], {})) for w in mod.code.workspaces] == [("C", 100)]
+    assert [(w.name, eval_int(w.shape[0], {})) for w in mod.code.workspaces] == [("C", 100)]
     assert [(a.kind, a.index) for a in mod.kernels[0].args] == [("param", 0), ("param", 1), ("workspace", 0)]
     assert [(a.kind, a.index) for a in mod.kernels[1].args] == [("param", 2), ("workspace", 0)]
     assert "main_kernel1(float* __restrict__ D, const float* __restrict__ C)" in kernel_text(mod, 1)
@@ -310,7 +310,7 @@ def test_symbolic_sizes_become_kernel_arguments_and_launch_expressions():
     text = kernel_text(mod)
     assert "long long n_arg) {" in text and "const int n = (int)n_arg;" in text
     (spec,) = mod.kernels
-    assert cuda.eval_int(spec.grid[0][0], {id(mod.code.size_vars[0]): 1000}) == 16
+    assert eval_int(spec.grid[0][0], {id(mod.code.size_vars[0]): 1000}) == 16
     assert [(a.kind, a.index) for a in spec.args][-1] == ("size", 0)
     assert "long long* __restrict__" not in text and "A[" in text
 

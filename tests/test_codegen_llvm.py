@@ -12,6 +12,7 @@ import kiln
 from kiln import te, tir
 from kiln.codegen import jit
 from kiln.codegen.llvm import emit_llvm_ir
+from kiln.runtime import linker
 from kiln.runtime.module import KernelMemoryError
 from kiln.target import Target
 
@@ -303,7 +304,7 @@ def test_parallel_loop_matches_numpy_and_uses_openmp():
         out = np.zeros_like(a)
         m(a, out)
         np.testing.assert_allclose(out, np.exp(a) * 2 + 1, rtol=1e-6)
-    if jit.have_openmp():
+    if linker.have_openmp():
         assert "GOMP_parallel" in m.get_source("ll")
 
 
@@ -403,19 +404,19 @@ def test_function_attributes_and_loop_metadata_in_ir():
 
 
 def test_unresolved_symbol_raises_before_any_call():
-    with pytest.raises(jit.UnresolvedSymbolError, match="kiln_no_such_symbol_xyz"):
-        jit.check_symbols(["expf", "kiln_no_such_symbol_xyz"], "k")
+    with pytest.raises(linker.UnresolvedSymbolError, match="kiln_no_such_symbol_xyz"):
+        linker.check_symbols(["expf", "kiln_no_such_symbol_xyz"], "k")
     mod_text = ("declare float @kiln_no_such_symbol_xyz(float)\n"
                 "define float @k(float %x) {\n  %y = call float @kiln_no_such_symbol_xyz(float %x)\n"
                 "  ret float %y\n}\n")
     mod, tm = jit.optimize(mod_text, Target("llvm"))
     symbols = jit.external_symbols(mod)
     assert symbols == ["kiln_no_such_symbol_xyz"]
-    with pytest.raises(jit.UnresolvedSymbolError, match="kiln_no_such_symbol_xyz"):
-        jit.Engine(jit.emit_object(mod, tm), Target("llvm"), symbols, "k")
+    with pytest.raises(linker.UnresolvedSymbolError, match="kiln_no_such_symbol_xyz"):
+        linker.Engine(jit.emit_object(mod, tm), Target("llvm"), symbols, "k")
 
 
-@pytest.mark.skipif(not jit.has_feature(Target("llvm"), "avx512f"), reason="host has no AVX-512")
+@pytest.mark.skipif(not linker.has_feature(Target("llvm"), "avx512f"), reason="host has no AVX-512")
 def test_vectorized_float32_kernel_uses_zmm_registers():
     m = elementwise("zmm", "float32", "float32", lambda a, b: a * b + 1.0, kind=tir.ForKind.VECTORIZED)
     assert "zmm" in m.get_source("asm")
@@ -428,7 +429,7 @@ def test_vectorized_exp_leaves_no_libm_call():
     assert "expf" not in asm and "tanhf" not in asm
     callees = re.findall(r"call [^@]*@([\w.]+)", m.get_source("ll"))
     assert callees and all(c.startswith("llvm.") for c in callees), callees
-    assert "<16 x float>" in m.get_source("ll") or not jit.has_feature(Target("llvm"), "avx512f")
+    assert "<16 x float>" in m.get_source("ll") or not linker.has_feature(Target("llvm"), "avx512f")
 
 
 def _staged(n: tir.PrimExpr, temp_size: tir.PrimExpr, kind: tir.ForKind) -> tir.PrimFunc:

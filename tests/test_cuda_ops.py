@@ -30,9 +30,8 @@ from cuda_standin import FAKE_CUPY, HostArray, gpu, needs_gxx
 from op_helpers import assert_outputs_match, compile_op, reference_outputs, run_on_device
 
 from kiln import relay
-from kiln.codegen.cuda_host import GRID_LIMITS, eval_int
 from kiln.registry import Op, attr
-from kiln.runtime.cuda_module import CudaModule
+from kiln.runtime.cuda_module import GRID_LIMITS, CudaModule, eval_int
 from kiln.testing import models
 
 ARCHS = ("sm_80", "sm_90")

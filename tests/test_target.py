@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kiln import registry
-from kiln.codegen import jit
 from kiln.errors import RegistryError, TargetError
 from kiln.registry import AttrRegistry
+from kiln.runtime import linker
 from kiln.target import (
     FTargetParser,
     Target,
@@ -349,7 +349,7 @@ def test_kiln_compile_with_an_unknown_cpu_exits_with_kilns_error(tmp_path: Path)
 def test_cpus_and_features_llvm_knows_are_accepted(spec: str) -> None:
     target = Target(spec)
     assert Target(str(target)) == target
-    jit.create_target_machine(target)  # the same check again, answered from the cache
+    linker.create_target_machine(target)  # the same check again, answered from the cache
 
 
 def test_a_parser_that_skips_the_check_still_cannot_hand_llvm_an_unknown_cpu() -> None:
@@ -360,4 +360,4 @@ def test_a_parser_that_skips_the_check_still_cannot_hand_llvm_an_unknown_cpu() -
         register_target_kind("llvm").set_attr(FTargetParser, lenient, plevel=30)
         target = Target("llvm -mcpu=foo")
     with pytest.raises(TargetError, match="'foo' is not a CPU that LLVM"):
-        jit.create_target_machine(target)
+        linker.create_target_machine(target)

@@ -26,8 +26,8 @@ import pytest
 import kiln
 from kiln import relay, runtime, tir
 from kiln.cli import main as cli_main
-from kiln.codegen import cache, jit, objfile
-from kiln.runtime import library, trust
+from kiln.codegen import cache
+from kiln.runtime import library, linker, objfile, trust
 from kiln.target import Target, detect
 from kiln.testing import models
 
@@ -87,9 +87,9 @@ def edited(lib_file: Path, edit: Callable[[dict[str, Any], list[bytes]], None], 
 
 def object_code(ir_text: str) -> bytes:
     """Object code for the host from LLVM IR text: what an attacker compiles."""
-    jit.initialize()
+    linker.initialize()
     mod = llvm.parse_assembly(ir_text)
-    tm = jit.create_target_machine(Target("llvm"))
+    tm = linker.create_target_machine(Target("llvm"))
     mod.triple = tm.triple
     return bytes(tm.emit_object(mod))
 
@@ -103,9 +103,9 @@ def evil_kernel(name: str, signature: bytes, marker: Path, callee: str = "system
     """A kernel `name` with kiln's signature symbol that runs `touch marker` through `callee`."""
     cmd = f"touch {marker}".encode() + b"\0"
     return object_code(
-        ir_string(".cmd", cmd) + ir_string(jit.signature_symbol(name), signature)
+        ir_string(".cmd", cmd) + ir_string(linker.signature_symbol(name), signature)
         + f"declare i32 @{callee}(ptr)\n"
-        + f"define i32 @{jit.kernel_symbol(name)}(ptr %a, ptr %b, ptr %c, ptr %d) {{\n"
+        + f"define i32 @{linker.kernel_symbol(name)}(ptr %a, ptr %b, ptr %c, ptr %d) {{\n"
         + f"  %r = call i32 @{callee}(ptr @.cmd)\n  ret i32 0\n}}\n")
 
 
@@ -230,7 +230,7 @@ def test_header_edited_with_checksum_recomputed_is_refused(lib_file: Path) -> No
 def test_kernel_replaced_by_code_calling_system_is_never_run(lib_file: Path, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     header, blobs = split(lib_file)
-    sig = objfile.ObjectFile(blobs[0]).data_of(jit.signature_symbol("fused_0"))
+    sig = objfile.ObjectFile(blobs[0]).data_of(linker.signature_symbol("fused_0"))
     assert sig is not None
     blobs[header["kernels"][0]["object"]] = evil_kernel("fused_0", sig, marker)
     bad = forge(lib_file, header, blobs, tmp_path / "evil.kiln")
@@ -246,14 +246,14 @@ def test_kernel_replaced_by_code_calling_system_is_never_run(lib_file: Path, tmp
 def test_the_allow_list_holds_for_every_engine_whatever_symbols_are_claimed(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     obj = evil_kernel("k", b"", marker)
-    with pytest.raises(jit.DisallowedSymbolError, match="kernel 'k': its object code calls 'system'"):
-        jit.Engine(obj, Target("llvm"), ["exp"], "k")  # the stored symbol list is not believed
+    with pytest.raises(linker.DisallowedSymbolError, match="kernel 'k': its object code calls 'system'"):
+        linker.Engine(obj, Target("llvm"), ["exp"], "k")  # the stored symbol list is not believed
     # an allowed name that does not resolve (LLVM's float16 libcall on CPUs without F16C) is
     # kiln's error before linking, never a call to address 0
     if not llvm.address_of_symbol("__truncdfhf2"):
-        with pytest.raises(jit.UnresolvedSymbolError, match="kernel 'k' calls symbol.s. that no loaded library "
+        with pytest.raises(linker.UnresolvedSymbolError, match="kernel 'k' calls symbol.s. that no loaded library "
                                                             "defines: __truncdfhf2"):
-            jit.Engine(evil_kernel("k", b"", marker, "__truncdfhf2"), Target("llvm"), [], "k")
+            linker.Engine(evil_kernel("k", b"", marker, "__truncdfhf2"), Target("llvm"), [], "k")
     assert not marker.exists()
 
 
@@ -350,7 +350,7 @@ def test_garbage_truncated_empty_and_foreign_object_code_is_refused(lib_file: Pa
 
 _MUTATE_OBJECTS = """
 import random, struct, sys
-from kiln.codegen import jit
+from kiln.runtime import linker
 from kiln.errors import KilnError
 from kiln.target import Target
 objs = [open(p, "rb").read() for p in sys.argv[2:]]
@@ -364,7 +364,7 @@ for _ in range(1000):
         pos = rnd.randrange(64) if r < 0.3 else rnd.randrange(shoff, len(x)) if r < 0.6 else rnd.randrange(len(x))
         x[pos] = rnd.randrange(256) if rnd.random() < 0.5 else x[pos] ^ (1 << rnd.randrange(8))
     try:
-        jit.Engine(bytes(x), Target("llvm"), [], "fused_0")  # linked, never called
+        linker.Engine(bytes(x), Target("llvm"), [], "fused_0")  # linked, never called
         linked += 1
     except KilnError:
         refused += 1
@@ -409,10 +409,10 @@ def test_code_for_features_this_cpu_lacks_is_never_linked(monkeypatch: pytest.Mo
     x = relay.var("x", shape=(64,))
     func = relay.Function([x], relay.exp(x))
     monkeypatch.setattr(detect, "host_cpu", _host_without_avx512)
-    with pytest.raises(jit.CodegenError, match=r"kernel '\w+' was compiled for .*needs CPU feature\(s\) avx512f "
-                                           r"that this CPU \(haswell\) lacks"):
+    with pytest.raises(linker.CPUFeatureError, match=r"kernel '\w+' was compiled for .*needs CPU feature\(s\) "
+                                                     r"avx512f that this CPU \(haswell\) lacks"):
         relay.build(func, target="llvm -mcpu=x86-64 -mattr=+avx512f")
-    with pytest.raises(jit.CodegenError, match=r"needs CPU feature\(s\) avx512f that"):
+    with pytest.raises(linker.CPUFeatureError, match=r"needs CPU feature\(s\) avx512f that"):
         relay.build(func, target="llvm -mcpu=skylake-avx512")
 
 
@@ -475,7 +475,7 @@ def test_cache_entry_calling_system_is_not_linked_even_with_a_stolen_key(cache_d
     evil = evil_kernel("scale", b"", marker)
     cache.KERNEL_CACHE.store(path.stem, evil, [])  # signed: as if the attacker had read the key
     cache.KERNEL_CACHE.clear()
-    with pytest.raises(jit.DisallowedSymbolError, match="kernel 'scale': its object code calls 'system'"):
+    with pytest.raises(linker.DisallowedSymbolError, match="kernel 'scale': its object code calls 'system'"):
         kiln.build(_func(2.0))
     assert not marker.exists()
 

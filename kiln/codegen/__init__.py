@@ -4,6 +4,6 @@
 `jit` optimizes, emits and loads machine code, `cache` keeps compiled kernels.
 """
 
-from kiln.codegen.jit import CodegenError, UnresolvedSymbolError
+from kiln.codegen.jit import CodegenError
 
-__all__ = ["CodegenError", "UnresolvedSymbolError"]
+__all__ = ["CodegenError"]

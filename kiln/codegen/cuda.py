@@ -1,6 +1,6 @@
 """Loop IR to CUDA C: one `extern "C" __global__` kernel per thread-bound loop nest.
 
-`generate(func, target)` returns a `CudaCode` (`kiln.codegen.cuda_host`): the
+`generate(func, target)` returns a `CudaCode` (`kiln.runtime.cuda_module`): the
 source text, and per kernel its name, launch shape and arguments, which
 `kiln.runtime.cuda_module` needs to launch it. `cuda_host` splits the function
 into kernels and workspaces, finds the launch shapes and places barriers; this
@@ -64,12 +64,8 @@ from contextlib import ExitStack
 
 from kiln.codegen.cuda_host import (
     SYNC_NAME,
-    CudaCode,
-    KernelArg,
-    KernelSpec,
     Launch,
     bound_tags,
-    eval_int,
     has_sync,
     insert_syncs,
     scan_launch,
@@ -78,6 +74,7 @@ from kiln.codegen.cuda_host import (
 )
 from kiln.codegen.jit import CodegenError
 from kiln.ir.dtype import DataType
+from kiln.runtime.cuda_module import CudaCode, KernelArg, KernelSpec
 from kiln.target import Target
 from kiln.tir.expr import (
     EQ,
@@ -128,10 +125,6 @@ from kiln.tir.stmt import (
 __all__ = [
     "C_TYPES",
     "CodeGenCUDA",
-    "CudaCode",
-    "KernelArg",
-    "KernelSpec",
-    "eval_int",
     "generate",
     "supported_dtypes",
     "syncthreads",

@@ -32,29 +32,18 @@ explicit `syncthreads()` synchronizes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable
 
 import attrs
 
 from kiln.codegen.jit import CodegenError
+from kiln.runtime.cuda_module import BLOCK_LIMITS, GRID_LIMITS, Grid
 from kiln.tir.expr import (
-    Add,
-    BinaryOp,
     Buffer,
     BufferLoad,
     Call,
-    Cast,
-    Div,
-    FloorDiv,
-    FloorMod,
     IntImm,
-    Max,
-    Min,
-    Mul,
     PrimExpr,
-    Sub,
-    Var,
-    is_float,
 )
 from kiln.tir.functor import Node, post_order_visit, structural_key
 from kiln.tir.stmt import (
@@ -72,95 +61,12 @@ from kiln.tir.stmt import (
 )
 
 THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadIdx.y", "threadIdx.z")
-BLOCK_LIMITS = (1024, 1024, 64)
-GRID_LIMITS = (2**31 - 1, 65535, 65535)
 SYNC_NAME = "syncthreads"
-Grid = tuple[tuple[PrimExpr, ...], tuple[PrimExpr, ...], tuple[PrimExpr, ...]]  # extents per blockIdx axis
 
 
 def syncthreads() -> Evaluate:
     """`__syncthreads()` as a loop-IR statement (see the module docstring)."""
     return Evaluate(Call("int32", SYNC_NAME, ()))
-
-
-# -- what the runtime needs ------------------------------------------------------------------
-
-
-@attrs.frozen
-class KernelArg:
-    """One kernel argument: parameter `index`, workspace `index`, or symbolic size `index`."""
-
-    kind: str  # "param", "workspace" or "size"
-    index: int
-
-
-@attrs.frozen
-class KernelSpec:
-    """How to launch one kernel.
-
-    `grid` holds, per axis (x, y, z), the extents of the loops bound to that
-    blockIdx axis: the launch takes their largest value (1 for none). They are
-    expressions of the PrimFunc's size vars (constants where shapes are static).
-    """
-
-    name: str
-    grid: Grid
-    block: tuple[int, int, int]
-    shared_bytes: int
-    args: tuple[KernelArg, ...]
-
-    @property
-    def threads_per_block(self) -> int:
-        """Threads in one block."""
-        return self.block[0] * self.block[1] * self.block[2]
-
-
-@attrs.frozen
-class CudaCode:
-    """The CUDA C of one PrimFunc and how to launch it.
-
-    `workspaces` are flattened global buffers (`shape[0]` elements, an int64
-    expression of `size_vars`); `written` the indices of the parameters that
-    some kernel stores to.
-    """
-
-    name: str
-    source: str
-    kernels: tuple[KernelSpec, ...]
-    workspaces: tuple[Buffer, ...]
-    size_vars: tuple[Var, ...]
-    written: frozenset[int]
-    uses_float16: bool
-
-
-_INT_EVAL: dict[type, Callable[[int, int], int]] = {
-    Add: lambda a, b: a + b, Sub: lambda a, b: a - b, Mul: lambda a, b: a * b,
-    Div: lambda a, b: abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1),
-    FloorDiv: lambda a, b: a // b, FloorMod: lambda a, b: a % b, Min: min, Max: max,
-}
-
-
-def eval_int(e: PrimExpr, env: Mapping[int, int]) -> int:
-    """The value of integer expression `e` (a launch extent, a workspace size) with size vars bound
-    by id in `env`.
-
-    Raises:
-        CodegenError: for an expression that is not integer arithmetic of size vars.
-    """
-    if isinstance(e, IntImm):
-        return int(e.value)
-    if isinstance(e, Var):
-        if id(e) not in env:
-            raise CodegenError(f"size {e.name} is not bound")
-        return env[id(e)]
-    if isinstance(e, Cast) and not is_float(e.dtype) and not is_float(e.value.dtype):
-        return eval_int(e.value, env)
-    if isinstance(e, BinaryOp) and type(e) in _INT_EVAL:
-        a, b = eval_int(e.a, env), eval_int(e.b, env)
-        if isinstance(e, (Div, FloorDiv, FloorMod)) and b == 0:
-            return 0
-        return int(_INT_EVAL[type(e)](a, b))
-    raise CodegenError(f"cannot evaluate {e} at launch: only integer arithmetic of sizes is allowed")
 
 
 # -- splitting the function into kernels ----------------------------------------------------

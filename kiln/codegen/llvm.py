@@ -37,7 +37,10 @@ from typing import Any
 import llvmlite.ir as ir
 import numpy as np
 
-from kiln.codegen import jit, llvm_math
+from kiln.codegen import llvm_math
+from kiln.codegen.jit import CodegenError
+from kiln.runtime import linker
+from kiln.runtime.module import STATUS_OK, STATUS_OUT_OF_MEMORY, on_heap
 from kiln.target import Target
 from kiln.tir.expr import (
     EQ,
@@ -49,7 +52,6 @@ from kiln.tir.expr import (
     Add,
     And,
     BinaryOp,
-    Buffer,
     BufferLoad,
     Call,
     Cast,
@@ -70,7 +72,7 @@ from kiln.tir.expr import (
     is_float,
 )
 from kiln.tir.flatten import flatten
-from kiln.tir.functor import let_chain, post_order_visit
+from kiln.tir.functor import let_chain
 from kiln.tir.stmt import (
     Allocate,
     BufferStore,
@@ -83,8 +85,6 @@ from kiln.tir.stmt import (
     SeqStmt,
     Stmt,
 )
-
-CodegenError = jit.CodegenError
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -109,8 +109,6 @@ _TYPES: dict[str, tuple[ir.Type, ir.Type, int]] = {
 _FLOAT_FLAGS = ("reassoc", "contract")
 _CMP = {EQ: "==", NE: "!=", LT: "<", LE: "<=", GT: ">", GE: ">="}
 _UNROLL_LIMIT = 64
-_STACK_LIMIT = 64 * 1024  # bytes: larger temporaries go to the heap
-STATUS_OK, STATUS_OUT_OF_MEMORY = 0, 1
 
 
 def supported_dtypes() -> tuple[str, ...]:
@@ -181,14 +179,14 @@ class CodeGenLLVM:
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.cpu, self.features = jit.cpu_and_features(target)
-        if jit.has_feature(target, "avx512f"):
+        self.cpu, self.features = linker.cpu_and_features(target)
+        if linker.has_feature(target, "avx512f"):
             self.vector_bits = 512
-        elif jit.has_feature(target, "avx2") or jit.has_feature(target, "avx"):
+        elif linker.has_feature(target, "avx2") or linker.has_feature(target, "avx"):
             self.vector_bits = 256
         else:
             self.vector_bits = 128
-        self.f16c = jit.has_feature(target, "f16c")
+        self.f16c = linker.has_feature(target, "f16c")
         self.num_threads = int(target.get("num-cores", 1))
         self.module = ir.Module()
         self.f: _Func
@@ -201,9 +199,9 @@ class CodeGenLLVM:
         size_vars = func.size_vars
         flat = flatten(func)
         self.module = ir.Module(name=func.name)
-        self.module.triple = jit.target_triple(self.target)
+        self.module.triple = linker.target_triple(self.target)
         args = [PTR] * len(flat.params) + [I64] * len(size_vars)
-        fn = self._function(jit.kernel_symbol(func.name), ir.FunctionType(I32, args), internal=False)
+        fn = self._function(linker.kernel_symbol(func.name), ir.FunctionType(I32, args), internal=False)
         self.f = _Func(fn)
         for i, buf in enumerate(flat.params):
             fn.args[i].name = buf.name
@@ -218,12 +216,12 @@ class CodeGenLLVM:
         return str(self.module)
 
     def _embed_signature(self, func: PrimFunc) -> None:
-        """A constant `kiln_sig_<name>` holding the parameters' text (`jit.signature_text`): loading a
+        """A constant `kiln_sig_<name>` holding the parameters' text (`linker.signature_text`): loading a
         library checks its header against it, read from the object's symbol table, never executed."""
-        text = jit.signature_text((b.name, b.dtype, [d.value if isinstance(d, IntImm) else str(d) for d in b.shape])
+        text = linker.signature_text((b.name, b.dtype, [d.value if isinstance(d, IntImm) else str(d) for d in b.shape])
                                   for b in func.params).encode()
         ty = ir.ArrayType(ir.IntType(8), len(text))
-        sig = ir.GlobalVariable(self.module, ty, jit.signature_symbol(func.name))
+        sig = ir.GlobalVariable(self.module, ty, linker.signature_symbol(func.name))
         sig.global_constant = True
         sig.initializer = ir.Constant(ty, bytearray(text))
 
@@ -288,13 +286,13 @@ class CodeGenLLVM:
             raise CodegenError(f"the llvm back end cannot compile statement {type(s).__name__}")
 
     def _allocate(self, s: Allocate) -> None:
-        """A temporary: on the stack up to `_STACK_LIMIT` bytes of constant size, else on the heap."""
+        """A temporary: on the stack up to `STACK_LIMIT` bytes of constant size, else on the heap."""
         buf = s.buffer
         (size,) = buf.shape
         if buf.scope not in ("local", "global"):
             raise CodegenError(f"the llvm back end cannot allocate scope {buf.scope!r} ({buf.name})")
         width = _TYPES[buf.dtype][2] // 8
-        if not _on_heap(buf):
+        if not on_heap(buf):
             assert isinstance(size, IntImm)
             ptr = self.f.alloca(_mem(buf.dtype), max(size.value, 1), buf.name)
             ptr.align = 64
@@ -375,7 +373,7 @@ class CodeGenLLVM:
                 self.stmt(s.body)
             self.f.vars.pop(id(s.loop_var), None)
             return
-        if s.kind is ForKind.PARALLEL and not self.f.in_parallel and self.num_threads > 1 and jit.have_openmp():
+        if s.kind is ForKind.PARALLEL and not self.f.in_parallel and self.num_threads > 1 and linker.have_openmp():
             self._parallel(s)
             return
         begin = self.expr(s.min)
@@ -699,19 +697,6 @@ def _widest_store(s: Stmt) -> int:
             if s.else_case is not None:
                 stack.append(s.else_case)
     return widest or 32
-
-
-def _on_heap(buf: Buffer) -> bool:
-    (size,) = buf.shape
-    return not (isinstance(size, IntImm) and size.value * _TYPES[buf.dtype][2] // 8 <= _STACK_LIMIT)
-
-
-def heap_temporaries(func: PrimFunc) -> list[Buffer]:
-    """The temporaries of (flattened) `func` that the kernel takes from the heap."""
-    found: list[Buffer] = []
-    post_order_visit(flatten(func).body, lambda n: found.append(n.buffer)
-                     if isinstance(n, Allocate) and _on_heap(n.buffer) else None)
-    return found
 
 
 def emit_llvm_ir(func: PrimFunc, target: Target) -> str:

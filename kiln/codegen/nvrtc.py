@@ -44,6 +44,7 @@ from typing import Any
 
 from kiln.codegen import cache
 from kiln.errors import KilnError
+from kiln.runtime.cuda_module import CudaUnavailableError
 from kiln.target import Target
 
 DEFAULT_OPTIONS = ("--std=c++17",)
@@ -76,10 +77,6 @@ class NVRTCError(KilnError, RuntimeError):
 
 class CudaArchError(KilnError, ValueError):
     """No GPU architecture to compile for: the target names none and the machine has no GPU."""
-
-
-class CudaUnavailableError(KilnError, RuntimeError):
-    """cupy / NVRTC is not installed, or (to run kernels) there is no GPU."""
 
 
 def _nvrtc() -> Any:

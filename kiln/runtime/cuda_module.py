@@ -23,15 +23,32 @@ imported.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 import numpy as np
 
-from kiln.codegen import nvrtc
-from kiln.codegen.cuda_host import GRID_LIMITS, CudaCode, KernelSpec, eval_int
 from kiln.errors import KilnError
 from kiln.runtime.module import Param, check_count, numpy_dtype
 from kiln.target import Target
+from kiln.tir.expr import (
+    Add,
+    BinaryOp,
+    Buffer,
+    Cast,
+    Div,
+    FloorDiv,
+    FloorMod,
+    IntImm,
+    Max,
+    Min,
+    Mul,
+    PrimExpr,
+    Sub,
+    Var,
+    is_float,
+)
 from kiln.tir.stmt import PrimFunc
 
 _DEFAULT_SHARED = 48 * 1024  # kernels needing more must raise their dynamic shared memory limit
@@ -41,15 +58,103 @@ class CudaLaunchError(KilnError, RuntimeError):
     """A kernel that cannot run on this device (wrong architecture, grid too large)."""
 
 
+class CudaUnavailableError(KilnError, RuntimeError):
+    """cupy / NVRTC is not installed, or (to run kernels) there is no GPU."""
+
+
+# -- how the code generator describes the kernels of one PrimFunc (`kiln.codegen.cuda.generate`) --------
+
+BLOCK_LIMITS = (1024, 1024, 64)
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+Grid = tuple[tuple[PrimExpr, ...], tuple[PrimExpr, ...], tuple[PrimExpr, ...]]  # extents per blockIdx axis
+
+
+@attrs.frozen
+class KernelArg:
+    """One kernel argument: parameter `index`, workspace `index`, or symbolic size `index`."""
+
+    kind: str  # "param", "workspace" or "size"
+    index: int
+
+
+@attrs.frozen
+class KernelSpec:
+    """How to launch one kernel.
+
+    `grid` holds, per axis (x, y, z), the extents of the loops bound to that
+    blockIdx axis: the launch takes their largest value (1 for none). They are
+    expressions of the PrimFunc's size vars (constants where shapes are static).
+    """
+
+    name: str
+    grid: Grid
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: tuple[KernelArg, ...]
+
+    @property
+    def threads_per_block(self) -> int:
+        """Threads in one block."""
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@attrs.frozen
+class CudaCode:
+    """The CUDA C of one PrimFunc and how to launch it.
+
+    `workspaces` are flattened global buffers (`shape[0]` elements, an int64
+    expression of `size_vars`); `written` the indices of the parameters that
+    some kernel stores to.
+    """
+
+    name: str
+    source: str
+    kernels: tuple[KernelSpec, ...]
+    workspaces: tuple[Buffer, ...]
+    size_vars: tuple[Var, ...]
+    written: frozenset[int]
+    uses_float16: bool
+
+
+_INT_EVAL: dict[type, Callable[[int, int], int]] = {
+    Add: lambda a, b: a + b, Sub: lambda a, b: a - b, Mul: lambda a, b: a * b,
+    Div: lambda a, b: abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1),
+    FloorDiv: lambda a, b: a // b, FloorMod: lambda a, b: a % b, Min: min, Max: max,
+}
+
+
+def eval_int(e: PrimExpr, env: Mapping[int, int]) -> int:
+    """The value of integer expression `e` (a launch extent, a workspace size) with size vars bound
+    by id in `env`.
+
+    Raises:
+        CudaLaunchError: for an expression that is not integer arithmetic of size vars.
+    """
+    if isinstance(e, IntImm):
+        return int(e.value)
+    if isinstance(e, Var):
+        if id(e) not in env:
+            raise CudaLaunchError(f"size {e.name} is not bound")
+        return env[id(e)]
+    if isinstance(e, Cast) and not is_float(e.dtype) and not is_float(e.value.dtype):
+        return eval_int(e.value, env)
+    if isinstance(e, BinaryOp) and type(e) in _INT_EVAL:
+        a, b = eval_int(e.a, env), eval_int(e.b, env)
+        if isinstance(e, (Div, FloorDiv, FloorMod)) and b == 0:
+            return 0
+        return int(_INT_EVAL[type(e)](a, b))
+    raise CudaLaunchError(f"cannot evaluate {e} at launch: only integer arithmetic of sizes is allowed")
+
+
 def _cupy() -> Any:
     try:
         import cupy
     except ImportError as exc:
-        raise nvrtc.CudaUnavailableError(
+        raise CudaUnavailableError(
             f"running CUDA kernels needs cupy ({exc}); install kiln's cuda extra: pip install 'kiln[cuda]'"
         ) from exc
     if not cupy.cuda.is_available():
-        raise nvrtc.CudaUnavailableError(
+        raise CudaUnavailableError(
             "running CUDA kernels needs a GPU, and cupy finds none on this machine (cupy.cuda.is_available() "
             "is False); the module's CUDA source and CUBIN are available without one"
         )
@@ -59,7 +164,8 @@ def _cupy() -> Any:
 class CudaModule:
     """The CUDA kernels of one PrimFunc: call it with cupy (or numpy) arrays; read its code with `get_source`."""
 
-    def __init__(self, func: PrimFunc, target: Target, code: CudaCode, cubin: bytes, arch: str) -> None:
+    def __init__(self, func: PrimFunc, target: Target, code: CudaCode, cubin: bytes, arch: str,
+                 ptx: Callable[[], str] | None = None) -> None:
         """Holds the compiled kernels; nothing touches a GPU until the first call.
 
         Args:
@@ -68,6 +174,7 @@ class CudaModule:
             code: the generated CUDA C and its launch table (`kiln.codegen.cuda.generate`).
             cubin: the CUBIN NVRTC made of `code.source`.
             arch: the `sm_XY` the CUBIN is for.
+            ptx: makes the PTX of `code.source` when `get_source("ptx")` asks (the code generator's).
         """
         self.func = func
         self.name = func.name
@@ -75,6 +182,7 @@ class CudaModule:
         self.code = code
         self.cubin = cubin
         self.arch = arch
+        self._ptx = ptx
         self.kernels: tuple[KernelSpec, ...] = code.kernels
         self._params = [Param(func, i) for i in range(len(func.params))]
         self._lock = threading.Lock()
@@ -91,7 +199,8 @@ class CudaModule:
         return f"<kiln.runtime.CudaModule {self.name}({params}) for {self.arch}: {kernels}>"
 
     def get_source(self, fmt: str = "cuda") -> str:
-        """The code: "cuda" (CUDA C), "ptx" (compiled by NVRTC on demand) or "tir" (loop IR).
+        """The code: "cuda" (CUDA C), "ptx" (compiled by NVRTC on demand, for a module just built) or
+        "tir" (loop IR).
 
         Raises:
             ValueError: for another format.
@@ -100,8 +209,8 @@ class CudaModule:
             return self.code.source
         if fmt == "tir":
             return str(self.func)
-        if fmt == "ptx":
-            return nvrtc.compile_ptx(self.code.source, self.arch, name=self.name)
+        if fmt == "ptx" and self._ptx is not None:
+            return self._ptx()
         raise ValueError(f"get_source: format is 'cuda', 'ptx' or 'tir', got {fmt!r}")
 
     # -- running ----------------------------------------------------------------------------

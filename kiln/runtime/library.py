@@ -20,7 +20,7 @@ validated: types, sizes and indices; each launch's slots against its
 kernel's parameters; those parameters against the signature compiled into
 the kernel's object code (`kiln_sig_<name>`, read from its ELF symbol table);
 the object code itself (an ELF object for this machine calling only
-allow-listed symbols, `kiln.codegen.jit.check_object`); the target's CPU
+allow-listed symbols, `kiln.codegen.linker.check_object`); the target's CPU
 features against this CPU; the constants against their slots. See SECURITY.md.
 """
 
@@ -40,6 +40,7 @@ import attrs
 import numpy as np
 
 from kiln.errors import KilnError
+from kiln.runtime import linker
 from kiln.runtime import trust as _trust
 from kiln.runtime.module import Module, numpy_dtype
 from kiln.target import Target
@@ -314,7 +315,6 @@ def _decode_file(data: bytes, where: str, trusted: bool) -> tuple[dict[str, Any]
 
 def _load_kernel(c: _Checker, k: Any, i: int, blobs: list[bytes]) -> tuple[str, list[dict[str, Any]], bytes]:
     """(name, params, object code) of header kernel `i`, checked against the signature in its object code."""
-    from kiln.codegen import jit
 
     f = f"kernels[{i}]"
     c.dict_(k, {"name", "params", "object"}, f)
@@ -333,14 +333,14 @@ def _load_kernel(c: _Checker, k: Any, i: int, blobs: list[bytes]) -> tuple[str, 
         params.append(p)
     obj = blobs[c.index(k["object"], len(blobs), f"{f}.object", "blob")]
     try:
-        parsed = jit.check_object(obj, name)
-        embedded = parsed.data_of(jit.signature_symbol(name))
+        parsed = linker.check_object(obj, name)
+        embedded = parsed.data_of(linker.signature_symbol(name))
     except KilnError as e:  # ObjectFileError, DisallowedSymbolError, UnresolvedSymbolError
         raise LibraryFormatError(f"{c.where}: {e}") from e
-    if parsed.defined(jit.kernel_symbol(name)) is None or embedded is None:
+    if parsed.defined(linker.kernel_symbol(name)) is None or embedded is None:
         raise LibraryFormatError(f"{c.where}: the object code of kernel {name!r} defines no kernel "
-                                 f"{jit.kernel_symbol(name)!r} with its signature; it was not made by kiln")
-    declared = jit.signature_text((p["name"], p["dtype"], p["shape"]) for p in params)
+                                 f"{linker.kernel_symbol(name)!r} with its signature; it was not made by kiln")
+    declared = linker.signature_text((p["name"], p["dtype"], p["shape"]) for p in params)
     if embedded != declared.encode():
         raise LibraryFormatError(
             f"{c.where}: kernel {name!r}: the header gives its parameters as {declared!r}, but its object code "

@@ -22,14 +22,35 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from kiln.codegen.jit import Engine, kernel_symbol
-from kiln.codegen.llvm import STATUS_OK, heap_temporaries
 from kiln.errors import KilnError
+from kiln.ir.dtype import DataType
+from kiln.runtime.linker import Engine, kernel_symbol
 from kiln.target import Target
-from kiln.tir.expr import IntImm, Var
-from kiln.tir.stmt import PrimFunc
+from kiln.tir.expr import Buffer, IntImm, Var
+from kiln.tir.flatten import flatten
+from kiln.tir.functor import post_order_visit
+from kiln.tir.stmt import Allocate, PrimFunc
 
 _INT32_MAX = 2**31 - 1
+
+# The kernel ABI that the LLVM back end compiles to: a kernel returns STATUS_OK, or STATUS_OUT_OF_MEMORY
+# when one of its heap temporaries (those over STACK_LIMIT bytes, or of symbolic size) could not be had.
+STATUS_OK, STATUS_OUT_OF_MEMORY = 0, 1
+STACK_LIMIT = 64 * 1024
+
+
+def on_heap(buf: Buffer) -> bool:
+    """Whether a (flattened, 1-D) temporary lives on the heap rather than the kernel's stack."""
+    (size,) = buf.shape
+    return not (isinstance(size, IntImm) and size.value * DataType.of(buf.dtype).bytes <= STACK_LIMIT)
+
+
+def heap_temporaries(func: PrimFunc) -> list[Buffer]:
+    """The temporaries of (flattened) `func` that the kernel takes from the heap."""
+    found: list[Buffer] = []
+    post_order_visit(flatten(func).body, lambda n: found.append(n.buffer)
+                     if isinstance(n, Allocate) and on_heap(n.buffer) else None)
+    return found
 
 
 class ArgumentError(KilnError, TypeError, ValueError):
