@@ -6,9 +6,15 @@ Every operator is an entry in one attribute registry (`kiln.registry`); targets
 
 __version__ = "0.1.0"
 
-from kiln import ir, registry, relay, target  # importing relay registers the op library
+from kiln import (  # importing relay registers the op library
+    codegen,  # registers the back ends (each target kind's FBuild)
+    ir,
+    registry,
+    relay,
+    target,
+)
 from kiln.build import build
 from kiln.errors import KilnError
 from kiln.target import Target
 
-__all__ = ["KilnError", "build", "Target", "__version__", "ir", "registry", "relay", "target"]
+__all__ = ["KilnError", "build", "Target", "__version__", "codegen", "ir", "registry", "relay", "target"]

@@ -89,8 +89,7 @@ def compare(
     described = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in slots)
     label = os.fspath(model) if isinstance(model, str | os.PathLike) else getattr(model.graph, "name", "model")
     print(f"model: {label}  (inputs: {described or 'none'})", file=stream)
-    where = f"{lib.target.kind.name} -mcpu={lib.target['mcpu']}" if lib.target.kind.name == "llvm" else str(lib.target)
-    print(f"kiln: compiled {len(lib.kernels)} kernels for {where} in {compile_s:.2f} s", file=stream)
+    print(f"kiln: compiled {len(lib.kernels)} kernels for {lib.target.summary()} in {compile_s:.2f} s", file=stream)
     times: dict[str, float] = {}
     reference = None
     if onnxruntime:

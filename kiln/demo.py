@@ -146,7 +146,7 @@ def run_model(model: DemoModel, target: Target, repeat: int = 7) -> ModelResult:
     _section("why the groups are what they are (relay.analysis.fusion_report, before FuseOps)")
     print(report)
 
-    _section(f"compile for {target.kind.name} -mcpu={target['mcpu']}")
+    _section(f"compile for {target.summary()}")
     bar = ProgressBar(f"compiling {model.name}")
     start = time.perf_counter()
     try:
@@ -195,7 +195,7 @@ def print_op_table(results: Sequence[ModelResult], target: Target) -> None:
         op = Op.get(name)
         pat = PATTERN_NAMES[pattern[op]] if op in pattern else "-"
         try:
-            impl = select_implementation(name, target.kind.name, ["float32"])
+            impl = select_implementation(name, target, ["float32"])
         except KilnError as err:
             print(f"  {name:20} {pat:22} none ({err})")
             continue

@@ -287,7 +287,7 @@ def test_bad_models_and_params_are_clean_errors(files: dict[str, Path], capsys: 
                                                  "-o", out], capsys)
     assert "cannot write the library" in _fails(["compile", str(files["model"]), "-o",
                                                  str(files["dir"] / "no" / "m.kiln")], capsys)
-    assert "export writes llvm libraries only so far" in _fails(
+    assert "export writes CPU libraries only so far" in _fails(
         ["compile", str(files["model"]), "--target", "cuda -arch=sm_90", "-o", out], capsys)
 
 

@@ -18,19 +18,19 @@ import pytest
 
 import kiln
 from kiln import relay, tir
-from kiln.build import optimize_tir
 from kiln.codegen import cuda
 from kiln.ir.module import IRModule
 from kiln.ir.transform import PassContext
 from kiln.registry import Op
 from kiln.relay.backend.build_module import optimize
-from kiln.relay.backend.te_compiler import _Lowerer, _one_thread_nests
+from kiln.relay.backend.te_compiler import _Lowerer
 from kiln.relay.expr import Call, Function
 from kiln.relay.transform.fuse_ops import DEFAULT_MAX_DEPTH
 from kiln.relay.visitor import post_order
 from kiln.target import Target
 from kiln.testing.compare import compare
 from kiln.tir.bounds_check import OutOfBoundsError
+from kiln.tir.pipeline import optimize_tir
 
 RNG = np.random.default_rng(13)
 SHAPE = (4, 8)
@@ -118,7 +118,7 @@ def test_a_diamond_compiles_each_shared_value_once_in_cuda_source() -> None:
     target = Target("cuda -arch=sm_90")
     sch, inputs, outs = _Lowerer(prim, target).run()
     func = kiln.te.lower(sch, [*inputs, *outs], name="diamond")
-    func = optimize_tir(tir.PrimFunc(func.name, func.params, _one_thread_nests(func.body)))
+    func = optimize_tir(func)
     source = cuda.generate(func, target).source
     assert source.count("tanhf(") == 6  # (3**6 - 1) / 2 = 364 when the DAG was unfolded
 

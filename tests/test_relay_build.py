@@ -123,10 +123,10 @@ def test_exported_library_runs_in_a_new_process_without_compiling(tmp_path) -> N
     np.save(tmp_path / "x.npy", x)
     code = textwrap.dedent(f"""
         import numpy as np
-        import kiln.build
+        import kiln.codegen.backends
         def no_compiling(*a, **k):
             raise AssertionError("compiled in the loading process")
-        kiln.build.compile_object = no_compiling
+        kiln.codegen.backends.compile_object = no_compiling
         from kiln import runtime
         lib = runtime.load({str(path)!r})
         np.save({str(tmp_path / "y.npy")!r}, lib.create_executor()(np.load({str(tmp_path / "x.npy")!r})))

@@ -175,6 +175,24 @@ def test_fuse_of_three_axes_makes_one_loop() -> None:
     np.testing.assert_allclose(b, a * 3, rtol=1e-6)
 
 
+def test_fuse_of_no_axes_makes_an_outermost_loop_of_one_that_a_gpu_thread_can_run() -> None:
+    A = te.placeholder((5, 4), name="A")
+    k, r = te.reduce_axis((0, 5), name="k"), te.reduce_axis((0, 4), name="r")
+    total = te.compute((), lambda: te.sum(A[k, r], axis=[k, r]), name="total")
+    s = te.create_schedule(total)
+    single = s[total].fuse()
+    assert s[total].leaf_iter_vars[0] is single
+    func = te.lower(s, [A, total])
+    assert nest(func)[0] == ("singleton", "1")
+    a = rand(5, 4)
+    (b,) = run(func, [a], [()])
+    np.testing.assert_allclose(b, a.sum(), rtol=1e-5)
+    s = te.create_schedule(total)
+    s[total].bind(s[total].fuse(), te.thread_axis("threadIdx.x"))
+    (loop, *_) = loops(te.lower(s, [A, total]))
+    assert (loop.kind, loop.thread_tag, str(loop.extent)) == (tir.ForKind.THREAD_BINDING, "threadIdx.x", "1")
+
+
 def test_fuse_of_non_adjacent_axes_is_an_error() -> None:
     A = te.placeholder((2, 3, 4), name="A")
     B = te.compute((2, 3, 4), lambda i, j, k: A[i, j, k], name="B")

@@ -75,7 +75,7 @@ from kiln.codegen.cuda_host import (
 from kiln.codegen.jit import CodegenError
 from kiln.ir.dtype import DataType
 from kiln.runtime.cuda_module import CudaCode, KernelArg, KernelSpec
-from kiln.target import Target
+from kiln.target import Target, TDeviceType
 from kiln.tir.expr import (
     EQ,
     GE,
@@ -777,6 +777,6 @@ def generate(func: PrimFunc, target: Target) -> CudaCode:
     Raises:
         CodegenError: for loop IR that cannot run as CUDA kernels.
     """
-    if target.kind.name != "cuda":
+    if target.kind.get_attr(TDeviceType) != "cuda":
         raise CodegenError(f"the cuda back end compiles for cuda targets, got {target}")
     return CodeGenCUDA(target).compile(func)

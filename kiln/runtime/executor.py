@@ -26,6 +26,7 @@ import numpy as np
 
 from kiln.runtime.library import ExecutorError, Library, Slot
 from kiln.runtime.module import KernelMemoryError, numpy_dtype
+from kiln.target import TDeviceType
 
 _ALIGN = 64
 
@@ -138,6 +139,10 @@ class _Device:
             return None
 
 
+# The arrays of each device type (a target kind's TDeviceType).
+_DEVICES: dict[str, Callable[[], Any]] = {"cpu": _Host, "cuda": _Device}
+
+
 class _ThreadState(threading.local):
     """What one thread bound and got: its inputs (slot -> array) and the outputs of its last run."""
 
@@ -170,7 +175,10 @@ class GraphExecutor:
         """
         self.lib = lib
         g = lib.graph
-        self._xp: Any = _Device() if lib.target.kind.name == "cuda" else _Host()
+        device = lib.target.kind.get_attr(TDeviceType)
+        if device not in _DEVICES:
+            raise ExecutorError(f"no executor runs code for device type {device!r} (target {lib.target})")
+        self._xp: Any = _DEVICES[device]()
         self._check_sizes()
         self._buffers = [self._allocate(partial(self._xp.buffer, n), n, partial(self._describe_buffer, b))
                          for b, n in enumerate(g.storage_sizes)]

@@ -43,7 +43,7 @@ from kiln.errors import KilnError
 from kiln.runtime import linker
 from kiln.runtime import trust as _trust
 from kiln.runtime.module import Module, numpy_dtype
-from kiln.target import Target
+from kiln.target import Target, TDeviceType
 from kiln.tir import expr as tx
 from kiln.tir.stmt import Evaluate, PrimFunc
 from kiln.tir.stmt import buffer as tir_buffer
@@ -163,8 +163,8 @@ class Library:
         Raises:
             ExecutorError: for a cuda library (its export is not written yet).
         """
-        if self.target.kind.name != "llvm":
-            raise ExecutorError(f"export writes llvm libraries only so far; this one is for {self.target}")
+        if self.target.kind.get_attr(TDeviceType) != "cpu":
+            raise ExecutorError(f"export writes CPU libraries only so far; this one is for {self.target}")
         blobs: list[bytes] = []
 
         def blob(data: bytes) -> int:
@@ -464,8 +464,8 @@ def load(path: str | Path, trust: bool = False) -> Library:
         target = Target(c.of(header["target"], str, "target"))
     except KilnError as e:
         raise c.fail("target", str(e)) from e
-    if target.kind.name != "llvm":
-        raise c.fail("target", f"{target} is not an llvm target")
+    if target.kind.get_attr(TDeviceType) != "cpu":
+        raise c.fail("target", f"{target} is not a CPU target")
     try:
         check_host_target(target)
     except LibraryFormatError as e:

@@ -2,6 +2,7 @@
 
 from kiln.target.detect import HostCPU, cuda_device, host_cpu
 from kiln.target.kind import (
+    FBuild,
     FDefaultSchedule,
     FTargetParser,
     Option,
@@ -15,6 +16,7 @@ from kiln.target.tag import TargetTag, TargetTagRegEntry, register_tag, tag_regi
 from kiln.target.target import Target
 
 __all__ = [
+    "FBuild",
     "FDefaultSchedule",
     "FTargetParser",
     "HostCPU",

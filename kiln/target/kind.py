@@ -1,8 +1,12 @@
 """Target kinds: `llvm` and `cuda`, their options, and the registry that holds them.
 
 A target kind is an entry of an `AttrRegistry`, like an op. Its metadata is
-its option schema; its attributes (`FTargetParser`, `TDeviceType`) are columns
-that a user can override at a higher plevel, like any op attribute.
+its option schema; its attributes are columns that a user can override at a
+higher plevel, like any op attribute: `FTargetParser` (options from the host),
+`TDeviceType` (where the code runs), and the hooks that other packages set on
+it so that none of them compares kind names: `FBuild` (kiln.codegen: loop IR
+to a runtime module) and `FDefaultSchedule` (the op library: the schedule of
+an op by its pattern).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class Option:
     doc: str = ""
     check: Callable[[Any], bool] | None = attrs.field(default=None, eq=False)
     rule: str = ""  # what `check` accepts, in words
+    brief: bool = False  # shown in `Target.summary()` (the CPU name, the GPU arch)
 
     def convert(self, value: object, kind: str) -> Any:
         """Returns `value` (a string from a target string, or a Python value) as this option's type."""
@@ -155,13 +160,14 @@ class TargetKindRegEntry(RegEntry[TargetKind]):
         doc: str = "",
         check: Callable[[Any], bool] | None = None,
         rule: str = "",
+        brief: bool = False,
     ) -> TargetKindRegEntry:
-        """Declares option `-name` of type "int", "str", "bool" or "str-list"."""
+        """Declares option `-name` of type "int", "str", "bool" or "str-list" (`brief`: in summaries)."""
         if type not in _TYPES:
             raise RegistryError(f"target kind {self.name}: option type must be one of {sorted(_TYPES)}, got {type!r}")
         if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", name):
             raise RegistryError(f"target kind {self.name}: option names are lower-case-with-hyphens, got {name!r}")
-        option = Option(name, type, None, doc, check, rule)
+        option = Option(name, type, None, doc, check, rule, brief)
         if default is not None:
             option = attrs.evolve(option, default=option.convert(default, self.name))
 
@@ -199,6 +205,14 @@ FTargetParser: AttrKey[Callable[[dict[str, Any]], Mapping[str, Any]]] = _REGISTR
 )
 TDeviceType: AttrKey[str] = _REGISTRY.declare_key(
     AttrKey("TDeviceType", "a string", instance_of(str), "the device that runs the code: 'cpu' or 'cuda'")
+)
+FBuild: AttrKey[Callable[[Any, Any], Any]] = _REGISTRY.declare_key(
+    AttrKey(
+        "FBuild",
+        "a callable",
+        is_callable,
+        "(optimized tir.PrimFunc, Target) -> a callable runtime module (set by kiln.codegen for its back ends)",
+    )
 )
 FDefaultSchedule: AttrKey[Callable[[Any], Callable[..., None]]] = _REGISTRY.declare_key(
     AttrKey(
@@ -270,7 +284,7 @@ def _cores(value: int) -> bool:
 (
     register_target_kind("llvm")
     .describe("CPU code through LLVM (llvmlite), for the host unless told otherwise")
-    .add_option("mcpu", "str", doc="LLVM CPU name, e.g. znver4, skylake-avx512 (default: the host's)")
+    .add_option("mcpu", "str", doc="LLVM CPU name, e.g. znver4, skylake-avx512 (default: the host's)", brief=True)
     .add_option("mattr", "str-list", doc="LLVM features, e.g. +avx512f,-avx512vp2intersect (default: the host's)")
     .add_option("mtriple", "str", doc="LLVM target triple (default: the host's)")
     .add_option("num-cores", "int", doc="threads for parallel loops (default: the cores this process may use)",
@@ -284,7 +298,8 @@ def _cores(value: int) -> bool:
     register_target_kind("cuda")
     .describe("NVIDIA GPUs through CUDA C and NVRTC")
     .add_option("arch", "str", doc="compute capability, e.g. sm_90 (default: the machine's GPU)",
-                check=lambda v: re.fullmatch(r"sm_[1-9][0-9]{1,2}[af]?", v) is not None, rule="sm_XY, e.g. sm_90")
+                check=lambda v: re.fullmatch(r"sm_[1-9][0-9]{1,2}[af]?", v) is not None, rule="sm_XY, e.g. sm_90",
+                brief=True)
     .add_option("max-threads-per-block", "int", 1024, "threads per block at most", check=_positive, rule=">= 1")
     .add_option("max-shared-memory-per-block", "int", 49152,
                 "bytes of shared memory one block may use (the opt-in maximum on GPUs that have one)",

@@ -142,6 +142,12 @@ class Target:
                 parts.append(f"-{name}={self.kind.option(name).format(value)}")
         return " ".join(parts)
 
+    def summary(self) -> str:
+        """The kind and its brief options, for one-line messages: "llvm -mcpu=znver4", "cuda -arch=sm_90"."""
+        brief = [f"-{o.name}={o.format(self.attrs[o.name])}" for o in self.kind.options
+                 if o.brief and self.attrs.get(o.name) is not None]
+        return " ".join([self.kind.name, *brief])
+
     def __repr__(self) -> str:
         text = str(self)
         if len(text) > 120:

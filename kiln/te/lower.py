@@ -334,8 +334,10 @@ class _Lowering:
                 else:
                     assert rel.nparts is not None
                     ext[rel.outer], ext[rel.inner] = tx.const(rel.nparts), _ceildiv(ext[rel.parent], rel.nparts)
-            else:
+            elif isinstance(rel, Fuse):
                 ext[rel.fused] = simplify(ext[rel.outer] * ext[rel.inner])
+            else:  # a Singleton: an axis of extent 1 over nothing
+                ext[rel.iv] = tx.const(1)
         off = info.offset
         off.update({iv: iv.var for iv in st.leaf_iter_vars})
         for rel in reversed(st.relations):

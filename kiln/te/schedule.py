@@ -66,6 +66,14 @@ class Fuse:
     fused: IterVar
 
 
+@attrs.frozen(eq=False)
+class Singleton:
+    """`iv` is a new axis of extent 1 over nothing: what `fuse()` of no axes makes, so that a 0-d
+    stage has a loop to bind (TVM's Singleton relation)."""
+
+    iv: IterVar
+
+
 @attrs.define(eq=False)
 class IterAttr:
     """How one leaf axis's loop runs."""
@@ -82,7 +90,7 @@ class Stage:
         self.op = op
         self.origin_op: Operation = op
         self.schedule = schedule
-        self.relations: list[Split | Fuse] = []
+        self.relations: list[Split | Fuse | Singleton] = []
         self.leaf_iter_vars: list[IterVar] = [*op.axis, *op.reduce_axis]
         self.all_iter_vars: list[IterVar] = list(self.leaf_iter_vars)
         self.iter_attrs: dict[IterVar, IterAttr] = {}
@@ -180,9 +188,15 @@ class Stage:
             self.leaf_iter_vars[pos] = iv
 
     def fuse(self, *axes: IterVar) -> IterVar:
-        """Fuses adjacent leaf axes (outermost first) into one axis."""
+        """Fuses adjacent leaf axes (outermost first) into one axis.
+
+        With no axes, a new outermost axis of extent 1 (a 0-d stage's only axis, for `bind`).
+        """
         if not axes:
-            raise ScheduleError(f"fuse on stage {self.name!r}: no axes given")
+            single = self._new_iv("singleton", IterKind.DATA_PAR)
+            self.relations.append(Singleton(single))
+            self.leaf_iter_vars.insert(0, single)
+            return single
         idx = [self._leaf_index(iv, "fuse") for iv in axes]
         if idx != list(range(idx[0], idx[0] + len(idx))):
             names = ", ".join(iv.name for iv in axes)
@@ -427,4 +441,5 @@ def create_schedule(outputs: Tensor | Sequence[Tensor]) -> Schedule:
     return Schedule(outs)
 
 
-__all__ = ["AttachType", "Fuse", "IterAttr", "Schedule", "ScheduleError", "Split", "Stage", "create_schedule"]
+__all__ = ["AttachType", "Fuse", "IterAttr", "Schedule", "ScheduleError", "Singleton", "Split", "Stage",
+           "create_schedule"]

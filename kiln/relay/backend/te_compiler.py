@@ -20,12 +20,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import numpy as np
 
-import kiln
 from kiln import te
-from kiln.codegen.cuda_host import bound_tags
 from kiln.errors import KilnError
 from kiln.ir.transform import PassContext, register_config
 from kiln.ir.types import SymDim, TensorType, TupleType, Type
@@ -35,9 +32,8 @@ from kiln.relay.analysis import structural_hash
 from kiln.relay.backend.strategy import select_implementation
 from kiln.relay.op._schedule import KEEP, schedule_injective
 from kiln.relay.visitor import post_order
-from kiln.target import Target
-from kiln.tir import expr as tx
-from kiln.tir.stmt import Allocate, For, ForKind, SeqStmt, Stmt
+from kiln.target import FBuild, Target
+from kiln.tir.pipeline import optimize_tir
 
 USE_LABEL = "relay.backend.use_label"
 register_config(USE_LABEL, dict, "op name -> the implementation label lowering must use for it")
@@ -216,21 +212,6 @@ class CompiledKernel:
         return list(outs)
 
 
-def _one_thread_nests(body: Stmt) -> Stmt:
-    """On a GPU: each top-level statement without a thread-bound loop becomes a kernel of one thread.
-
-    A 0-d stage (a full reduction to a scalar) has no axis that a schedule could
-    bind; it runs, serially, on one GPU thread.
-    """
-    if isinstance(body, SeqStmt):
-        return SeqStmt([_one_thread_nests(x) for x in body.stmts])
-    if isinstance(body, Allocate) and body.buffer.scope == "global":
-        return attrs.evolve(body, body=_one_thread_nests(body.body))
-    if bound_tags(body):
-        return body
-    return For(tx.Var("one_thread"), tx.const(0), tx.const(1), ForKind.THREAD_BINDING, body, "threadIdx.x")
-
-
 _CACHE: OrderedDict[tuple[int, str, tuple[Any, ...]], list[tuple[rx.Function, CompiledKernel]]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _CACHE_LIMIT = 128  # distinct (hash, target) keys kept; each kernel holds a JIT engine (about 50 KB)
@@ -252,10 +233,11 @@ def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: st
                 _CACHE.move_to_end(key)
                 return kernel
     sch, inputs, outs = lowerer.run()
-    prim: Any = te.lower(sch, [*inputs, *outs], name=name)
-    if tgt.kind.name == "cuda":
-        prim = attrs.evolve(prim, body=_one_thread_nests(prim.body))
-    module = kiln.build(prim, target=tgt, name=name)
+    backend = tgt.kind.get_attr(FBuild)
+    if backend is None:
+        raise LoweringError(f"target kind {tgt.kind.name!r} has no back end (no FBuild attribute): cannot build "
+                            f"for {tgt}")
+    module = backend(optimize_tir(te.lower(sch, [*inputs, *outs], name=name)), tgt)
     out_types = [TensorType([int(getattr(d, "value", 0)) for d in t.shape], t.dtype) for t in outs]
     kernel = CompiledKernel(name, module, len(func.params), lowerer.constants, out_types)
     with _CACHE_LOCK:

@@ -159,11 +159,12 @@ def bind_stage_cuda(sch: te.Schedule, t: te.Tensor, threads: int = _CUDA_THREADS
     """One GPU thread per element of `t`: its axes fused, split into blocks of `threads`.
 
     The reductions of the stage, if any, run as serial loops in each thread. A
-    0-d stage has no axis to bind: lowering runs its nest on one thread.
+    0-d stage (a full reduction) runs on one thread: its singleton axis is bound.
     """
     stage = sch[t]
     axes = list(stage.op.axis)
     if not axes:
+        stage.bind(stage.fuse(), te.thread_axis("threadIdx.x"))
         return
     fused = axes[0] if len(axes) == 1 else stage.fuse(*axes)
     size = static_size(t)

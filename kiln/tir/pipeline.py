@@ -1,0 +1,32 @@
+"""The loop-IR steps between lowering and code generation, for every target, in order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kiln.tir.bounds_check import check_accesses
+from kiln.tir.share import bind_shared_func
+from kiln.tir.stmt import PrimFunc
+from kiln.tir.transform import loop_partition, simplify_func, unroll_loops
+
+
+def _checked(func: PrimFunc) -> PrimFunc:
+    check_accesses(func)
+    return func
+
+
+TIR_PIPELINE: tuple[tuple[str, Callable[[PrimFunc], PrimFunc]], ...] = (
+    ("bind_shared", bind_shared_func),  # a value used twice is a let, computed once (te.lower does it too)
+    ("simplify", simplify_func),  # fold index arithmetic with loop bounds: (jo*32 + j) // 32 -> jo
+    ("loop_partition", loop_partition),  # take tail guards out of the main loops
+    ("unroll", unroll_loops),  # small unrolled loops become straight-line code
+    ("simplify_again", simplify_func),
+    ("check_bounds", _checked),  # refuse accesses the loops provably take out of their buffers
+)
+
+
+def optimize_tir(func: PrimFunc) -> PrimFunc:
+    """Runs `TIR_PIPELINE` over `func`."""
+    for _, step in TIR_PIPELINE:
+        func = step(func)
+    return func
