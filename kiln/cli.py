@@ -23,10 +23,8 @@ symbolic dims.
 
 Every error a user can cause (a missing or unreadable file, text that does not
 parse or type-check, a corrupt library, inputs of the wrong name, shape or
-dtype) prints `kiln: error: ...` on stderr and exits with status 2. The helpers
-that `kiln show` and `kiln compile` use (`load_model`, `load_params`,
-`after_build_passes`, `ProgressBar`) are shared with `kiln.demo`; the timing
-of `kiln bench` lives in `kiln.bench`.
+dtype) prints `kiln: error: ...` on stderr and exits with status 2. The timing
+of `kiln bench` lives in `kiln.bench`, the progress bar in `kiln.progress`.
 """
 
 from __future__ import annotations
@@ -36,16 +34,17 @@ import json
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from kiln import __version__, registry
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
-from kiln.ir.transform import Sequential
+from kiln.progress import ProgressBar
+from kiln.relay.backend.build_module import optimize_explained
 from kiln.target import Target, TargetKind, TargetTag
 
 
@@ -156,68 +155,6 @@ def load_params(path: str | Path) -> dict[str, np.ndarray]:
         return {name: data[name] for name in data.files}
 
 
-def after_build_passes(mod: IRModule, params: Mapping[str, Any] | None = None) -> tuple[IRModule, Any]:
-    """The module as relay.build compiles it, and why FuseOps grouped its calls as it did.
-
-    Runs the pass list of `relay.build` (after binding `params` as constants, as
-    relay.build does) under the current PassContext.
-
-    Args:
-        mod: the model; its "main" is used.
-        params: values of main's parameters to bind, by name.
-
-    Returns:
-        `(fused, report)`: the module after every pass, and the
-        `relay.analysis.fusion_report` of the module just before FuseOps.
-    """
-    from kiln import relay
-    from kiln.relay.backend.build_module import bind_params, build_context, build_passes
-
-    func = relay.infer_type(mod["main"])
-    if not isinstance(func, relay.Function):
-        raise CliError(f"main must be a function, not a {type(func).__name__}")
-    if params:
-        func = relay.infer_type(bind_params(func, params))
-    passes = build_passes()
-    names = [p.info.name for p in passes]
-    cut = names.index("FuseOps") if "FuseOps" in names else len(passes)
-    with build_context():
-        before = Sequential(passes[:cut], name="relay.build")(IRModule.from_expr(func))
-        report = relay.analysis.fusion_report(before)
-        return Sequential(passes[cut:], name="relay.build")(before), report
-
-
-class ProgressBar:
-    """A `progress(done, total)` callback for relay.build that draws a bar on a terminal.
-
-    The bar animates only when `stream` is a terminal; otherwise it writes
-    nothing (so logs and pipes stay clean). `finish()` ends the bar's line.
-    """
-
-    def __init__(self, label: str = "compiling", stream: IO[str] | None = None, width: int = 30) -> None:
-        self.label = label
-        self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        self.animate = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.drawn = False
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.animate:
-            return
-        filled = self.width * done // max(total, 1)
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(f"\r{self.label} [{bar}] {done}/{total} kernels")
-        self.stream.flush()
-        self.drawn = True
-
-    def finish(self) -> None:
-        """Ends the bar's line, if one was drawn."""
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.drawn = False
-
-
 # ---------------------------------------------------------------------------
 # kiln ops / targets / target
 # ---------------------------------------------------------------------------
@@ -312,7 +249,7 @@ def _cmd_show(args: argparse.Namespace) -> None:
     # An ONNX model's weights are constants: print them as meta[...] references, not their values.
     print(astext(mod, show_meta_data=False) if onnx else str(mod), end="")
     if args.fusion or onnx:
-        fused, report = after_build_passes(mod, params)
+        fused, report = optimize_explained(mod, params)
         if args.fusion:
             print("\n// after relay.build's passes (large constants elided as meta[...])")
             print(astext(fused, show_meta_data=False), end="")

@@ -24,10 +24,11 @@ import numpy as np
 
 from kiln import relay
 from kiln.bench import median_seconds
-from kiln.cli import ProgressBar, after_build_passes
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
+from kiln.progress import ProgressBar
 from kiln.registry import Op, attr
+from kiln.relay.backend.build_module import optimize_explained
 from kiln.relay.backend.strategy import select_implementation
 from kiln.relay.printer import astext
 from kiln.relay.transform.fuse_ops import PATTERN_NAMES
@@ -139,11 +140,11 @@ def run_model(model: DemoModel, target: Target, repeat: int = 7) -> ModelResult:
     _section("the IR as built with the Python API, typed (relay.transform.InferType)")
     print(str(mod), end="")
 
-    fused, report = after_build_passes(mod, model.params)
+    fused, report = optimize_explained(mod, model.params)
     _section("after relay.build's passes: weights bound as constants, simplified, fused "
              "(large constants shown as meta[...])")
     print(astext(fused, show_meta_data=False), end="")
-    _section("why the groups are what they are (relay.analysis.fusion_report, before FuseOps)")
+    _section("why the groups are what they are (relay.transform.fusion_report, before FuseOps)")
     print(report)
 
     _section(f"compile for {target.summary()}")

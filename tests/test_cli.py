@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from kiln import registry, relay
-from kiln.cli import ProgressBar, load_model, main
+from kiln.cli import load_model, main
+from kiln.progress import ProgressBar
 from kiln.registry import OpPattern, attr, register_op
 
 

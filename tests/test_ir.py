@@ -193,18 +193,29 @@ def test_instruments_time_and_dump_every_pass(tmp_path: object) -> None:
     assert mod["main"].checked_type == FuncType([TensorType((2, 3))], TensorType((2, 3)))
 
 
-def test_verify_catches_a_pass_that_breaks_the_module() -> None:
-    @module_pass(name="Breaks")
-    def breaks(mod: IRModule, ctx: PassContext) -> IRModule:
-        x = relay.var("x", shape=(2, 3))
-        stray = relay.var("stray", shape=(2, 3))
-        out = IRModule()
-        out["main"] = relay.Function([x], relay.add(x, stray))
-        return out
+def _breaking(mod: IRModule, ctx: PassContext) -> IRModule:
+    x = relay.var("x", shape=(2, 3))
+    stray = relay.var("stray", shape=(2, 3))
+    out = IRModule()
+    out["main"] = relay.Function([x], relay.add(x, stray))
+    return out
 
+
+def test_verify_catches_a_pass_that_breaks_the_module() -> None:
+    breaks = module_pass(name="Breaks", verifier=relay.transform.verify)(_breaking)
     breaks(_module())  # without verification nothing notices
     with PassContext(verify=True), pytest.raises(PassError, match="(?s)after pass Breaks.*free variables: %stray"):
         breaks(_module())
+
+
+def test_verify_is_never_silently_skipped() -> None:
+    unchecked = module_pass(name="Unchecked")(_breaking)  # built without a verifier
+    with PassContext(verify=True), pytest.raises(PassError, match=r"PassContext\(verify=True\) after pass Unchecked: "
+                                                               r"the pass has no verifier"):
+        unchecked(_module())
+    with PassContext(verify=relay.transform.verify), pytest.raises(PassError, match="free variables: %stray"):
+        unchecked(_module())  # the context's verifier checks every pass
+    assert relay.transform.FoldConstant().verifier is relay.transform.verify  # every Relay pass carries one
 
 
 def test_pass_context_config_keys_are_checked() -> None:

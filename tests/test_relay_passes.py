@@ -19,7 +19,7 @@ from kiln.ir.transform import Pass, PassContext, Sequential
 from kiln.ir.types import TensorType, Type
 from kiln.registry import Op, OpPattern, attr, register_op
 from kiln.relay import transform
-from kiln.relay.backend.interpreter import InterpreterError
+from kiln.relay.interpreter import InterpreterError
 from kiln.relay.visitor import post_order
 
 RNG = np.random.default_rng(7)

@@ -1,13 +1,15 @@
 """`IRModule`: the global functions of a program, by name.
 
-The IR layer does not know Relay: functions are stored as given, and the
-`GlobalVar` class that names them is supplied by `kiln.relay` when it loads.
+The IR layer does not know Relay: functions are stored as given, and what a
+module needs of them comes from their own class: `make_global_var(name)` names
+one added by name, `print_module(mod)` prints a module of them (Relay's
+`Function` has both).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from kiln.errors import KilnError, did_you_mean
 
@@ -21,8 +23,6 @@ class ModuleError(KilnError, LookupError):
 
 class IRModule:
     """Global functions by GlobalVar; `mod["main"]` looks one up by name."""
-
-    make_global_var: ClassVar[Callable[[str], Any] | None] = None
 
     def __init__(self, functions: Mapping[Any, Any] | None = None) -> None:
         self._functions: dict[str, tuple[Any, Any]] = {}
@@ -50,9 +50,11 @@ class IRModule:
             if existing is not None:
                 gvar = existing[0]
             else:
-                if IRModule.make_global_var is None:
-                    raise ModuleError("import kiln.relay before adding functions by name")
-                gvar = IRModule.make_global_var(name)
+                make: Callable[[str], Any] | None = getattr(type(func), "make_global_var", None)
+                if make is None:
+                    raise ModuleError(f"a {type(func).__name__} cannot be added by name: its class has no "
+                                      "make_global_var; give the module a global var as the key")
+                gvar = make(name)
         else:
             gvar = key
         self._functions[name] = (gvar, func)
@@ -88,10 +90,15 @@ class IRModule:
         return new
 
     def astext(self) -> str:
-        """The module in kiln's text format."""
-        from kiln.relay.printer import astext
-
-        return str(astext(self))
+        """The module in its functions' text format (kiln's Relay text for Relay functions)."""
+        printers = {getattr(type(f), "print_module", None) for _, f in self._functions.values()}
+        if not printers:
+            return ""
+        if len(printers) != 1 or None in printers:
+            return repr(self)
+        (printer,) = printers
+        assert printer is not None
+        return str(printer(self))
 
     def __str__(self) -> str:
         return self.astext()

@@ -7,9 +7,12 @@ with PassContext(opt_level=3, disabled_pass=["FoldConstant"], verify=True,
 ```
 
 A pass runs when its opt level is at most the context's, or it is required,
-and it is not disabled. With `verify=True` the module is checked (well-formed
-and well-typed) before the first pass and after every pass; the check itself
-is supplied by `kiln.relay` (the IR layer does not know Relay).
+and it is not disabled. With `verify=True` the module is checked before a
+`Sequential` and after every pass by that pass's own verifier, which the pass
+was built with (`ModulePass(fn, info, verifier=...)`; every Relay pass carries
+`relay.transform.verify`: well formed and well typed). A pass without one is
+an error under `verify=True`, never silently unchecked; `verify=fn` checks
+with `fn` after every pass instead. The IR layer does not know Relay.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, TextIO
+from typing import Any, TextIO
 
 import attrs
 
@@ -79,10 +82,11 @@ class PassInstrument:
         """Called after each pass that ran."""
 
 
+Verifier = Callable[[IRModule], None]  # raises a KilnError for a module that is not valid
+
+
 class PassContext:
     """The settings passes run under; `with PassContext(...):` makes it current."""
-
-    verifier: ClassVar[Callable[[IRModule], None] | None] = None  # set by kiln.relay
 
     def __init__(
         self,
@@ -91,7 +95,7 @@ class PassContext:
         disabled_pass: Iterable[str] = (),
         config: Mapping[str, Any] | None = None,
         instruments: Sequence[PassInstrument] = (),
-        verify: bool = False,
+        verify: bool | Verifier = False,
     ) -> None:
         if isinstance(opt_level, bool) or not isinstance(opt_level, int) or not 0 <= opt_level <= 4:
             raise PassError(f"PassContext opt_level must be an int in [0, 4], got {opt_level!r}")
@@ -143,13 +147,22 @@ class PassContext:
             return False
         return info.name in self.required_pass or info.opt_level <= self.opt_level
 
-    def check(self, mod: IRModule, after: str) -> None:
-        """Runs the verifier (well-formed, well-typed) when `verify` is on."""
-        if self.verify and PassContext.verifier is not None:
-            try:
-                PassContext.verifier(mod)
-            except KilnError as err:
-                raise PassError(f"the module is not valid {after}:\n{err}") from err
+    def check(self, mod: IRModule, after: str, verifier: Verifier | None) -> None:
+        """With `verify` on, checks `mod` with `verify` itself (a verifier) or the pass's `verifier`.
+
+        Raises:
+            PassError: when the module is not valid, or `verify=True` and the pass has no verifier.
+        """
+        if self.verify is False:
+            return
+        check = verifier if self.verify is True else self.verify
+        if check is None:
+            raise PassError(f"PassContext(verify=True) {after}: the pass has no verifier; build it with one "
+                            "(ModulePass(..., verifier=relay.transform.verify)) or give PassContext(verify=<verifier>)")
+        try:
+            check(mod)
+        except KilnError as err:
+            raise PassError(f"the module is not valid {after}:\n{err}") from err
 
 
 _DEFAULT = PassContext()
@@ -159,6 +172,7 @@ class Pass:
     """A named transformation of a module; call it on a module."""
 
     info: PassInfo
+    verifier: Verifier | None = None  # checks the result under PassContext(verify=True)
 
     def transform(self, mod: IRModule, ctx: PassContext) -> IRModule:
         """The pass's work (overridden by subclasses)."""
@@ -179,7 +193,7 @@ class Pass:
             raise PassError(f"pass {self.info.name} returned {type(out).__name__}, not an IRModule")
         for inst in ctx.instruments:
             inst.run_after_pass(out, self.info)
-        ctx.check(out, f"after pass {self.info.name}")
+        ctx.check(out, f"after pass {self.info.name}", self.verifier)
         return out
 
     def __repr__(self) -> str:
@@ -198,9 +212,11 @@ def register_pass_factory(name: str, factory: Callable[[], Pass]) -> None:
 class ModulePass(Pass):
     """A pass given as `fn(mod, ctx) -> mod`."""
 
-    def __init__(self, fn: Callable[[IRModule, PassContext], IRModule], info: PassInfo) -> None:
+    def __init__(self, fn: Callable[[IRModule, PassContext], IRModule], info: PassInfo,
+                 verifier: Verifier | None = None) -> None:
         self.fn = fn
         self.info = info
+        self.verifier = verifier
 
     def transform(self, mod: IRModule, ctx: PassContext) -> IRModule:
         return self.fn(mod, ctx)
@@ -209,9 +225,11 @@ class ModulePass(Pass):
 class FunctionPass(Pass):
     """A pass given as `fn(func, mod, ctx) -> func`, applied to every function of the module."""
 
-    def __init__(self, fn: Callable[[Any, IRModule, PassContext], Any], info: PassInfo) -> None:
+    def __init__(self, fn: Callable[[Any, IRModule, PassContext], Any], info: PassInfo,
+                 verifier: Verifier | None = None) -> None:
         self.fn = fn
         self.info = info
+        self.verifier = verifier
 
     def transform(self, mod: IRModule, ctx: PassContext) -> IRModule:
         out = mod.copy()
@@ -223,35 +241,39 @@ class FunctionPass(Pass):
 class Sequential(Pass):
     """Runs passes in order; its own opt level gates the whole sequence."""
 
-    def __init__(self, passes: Sequence[Pass], opt_level: int = 0, name: str = "Sequential") -> None:
+    def __init__(self, passes: Sequence[Pass], opt_level: int = 0, name: str = "Sequential",
+                 verifier: Verifier | None = None) -> None:
         self.passes = list(passes)
         self.info = PassInfo(name, opt_level)
+        self.verifier = verifier or next((p.verifier for p in self.passes if p.verifier is not None), None)
 
     def transform(self, mod: IRModule, ctx: PassContext) -> IRModule:
-        ctx.check(mod, f"before {self.info.name}")
+        ctx.check(mod, f"before {self.info.name}", self.verifier)
         for p in self.passes:
             mod = p(mod)
         return mod
 
 
-def module_pass(opt_level: int = 0, name: str | None = None, required: Sequence[str] = ()) -> Callable[
-    [Callable[[IRModule, PassContext], IRModule]], ModulePass
-]:
+ModuleFn = Callable[[IRModule, PassContext], IRModule]
+
+
+def module_pass(opt_level: int = 0, name: str | None = None, required: Sequence[str] = (),
+                verifier: Verifier | None = None) -> Callable[[ModuleFn], ModulePass]:
     """Decorator: turns `fn(mod, ctx) -> mod` into a ModulePass."""
 
     def wrap(fn: Callable[[IRModule, PassContext], IRModule]) -> ModulePass:
-        return ModulePass(fn, PassInfo(name or fn.__name__, opt_level, tuple(required)))
+        return ModulePass(fn, PassInfo(name or fn.__name__, opt_level, tuple(required)), verifier)
 
     return wrap
 
 
-def function_pass(opt_level: int = 0, name: str | None = None, required: Sequence[str] = ()) -> Callable[
-    [Callable[[Any, IRModule, PassContext], Any]], FunctionPass
-]:
+def function_pass(opt_level: int = 0, name: str | None = None, required: Sequence[str] = (),
+                  verifier: Verifier | None = None) -> Callable[[Callable[[Any, IRModule, PassContext], Any]],
+                                                                FunctionPass]:
     """Decorator: turns `fn(func, mod, ctx) -> func` into a FunctionPass."""
 
     def wrap(fn: Callable[[Any, IRModule, PassContext], Any]) -> FunctionPass:
-        return FunctionPass(fn, PassInfo(name or fn.__name__, opt_level, tuple(required)))
+        return FunctionPass(fn, PassInfo(name or fn.__name__, opt_level, tuple(required)), verifier)
 
     return wrap
 

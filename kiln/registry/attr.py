@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from kiln.errors import KilnError
 from kiln.registry.attr_registry import AttrKey, instance_of, is_callable
 
 
@@ -32,12 +33,21 @@ class OpPattern(enum.IntEnum):
     OPAQUE = 8  # never fused
 
 
+class RelationError(KilnError, TypeError):
+    """A type relation refused its inputs; `arg` is the index of the argument at fault, if one is."""
+
+    def __init__(self, message: str, arg: int | None = None) -> None:
+        super().__init__(message)
+        self.arg = arg
+
+
 @attrs.frozen
 class TypeRelation:
     """A named type relation: `fn(arg_types, attrs) -> out_type | None`.
 
-    None means "not yet": an input type is still unknown. The name is a label
-    for messages and exports; it is not a global table entry.
+    None means "not yet": an input type is still unknown; bad input raises
+    `RelationError`. The name is a label for messages and exports; it is not a
+    global table entry.
     """
 
     name: str

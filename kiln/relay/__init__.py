@@ -10,7 +10,6 @@ from kiln.ir.types import ANY, FuncType, IncompleteType, SizeVar, TensorType, Tu
 from kiln.relay import analysis, frontend, transform
 from kiln.relay.analysis import structural_equal, structural_hash
 from kiln.relay.backend.build_module import build, optimize
-from kiln.relay.backend.interpreter import create_executor
 from kiln.relay.expr import (
     Call,
     Constant,
@@ -25,6 +24,7 @@ from kiln.relay.expr import (
     const,
     var,
 )
+from kiln.relay.interpreter import create_executor
 from kiln.relay.op import image, nn
 from kiln.relay.op.reduce import argmax, argmin, max, mean, min, prod, sum
 from kiln.relay.op.tensor import (
@@ -87,8 +87,6 @@ from kiln.relay.op.transform import (
 )
 from kiln.relay.parser import ParseError, parse
 from kiln.relay.type_infer import TypeInferenceError, infer_type
-
-IRModule.make_global_var = GlobalVar
 
 __all__ = [
     "ANY",

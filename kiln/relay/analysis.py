@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
@@ -25,9 +25,6 @@ from kiln.relay.expr import (
     Var,
 )
 from kiln.relay.visitor import post_order
-
-if TYPE_CHECKING:
-    from kiln.relay.fusion_report import FusionReport
 
 
 class WellFormedError(KilnError, ValueError):
@@ -225,14 +222,3 @@ def structural_hash(expr: Any, map_free_vars: bool = False) -> int:
         else:
             hashes[id(node)] = h(type(node).__name__, kids)
     return int.from_bytes(hashes[id(expr)][:8], "little", signed=True)
-
-
-def fusion_report(mod: IRModule | Function, function: str = "main", max_depth: int | None = None) -> FusionReport:
-    """How FuseOps would group the calls of one function of `mod`, and why each boundary is there.
-
-    See `kiln.relay.fusion_report.fusion_report` (imported lazily: it uses the fusion pass,
-    which imports this module).
-    """
-    from kiln.relay.fusion_report import fusion_report as report
-
-    return report(mod, function, max_depth)

@@ -225,6 +225,19 @@ class Function(Expr):
         """A copy of the function (same params and body) with attributes added or replaced."""
         return Function(self.params, self.body, self.ret_type, {**self.attrs, **values}, span=self.span)
 
+    # What an IRModule asks of the class of the functions it holds (kiln.ir knows nothing of Relay).
+    @staticmethod
+    def make_global_var(name: str) -> GlobalVar:
+        """The name of a Relay function in a module."""
+        return GlobalVar(name)
+
+    @staticmethod
+    def print_module(mod: Any) -> str:
+        """A module of Relay functions in kiln's text format."""
+        from kiln.relay.printer import astext  # the printer reads expressions: it imports this module
+
+        return str(astext(mod))
+
 
 # ---------------------------------------------------------------------------
 # Builders

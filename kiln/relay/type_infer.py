@@ -31,6 +31,7 @@ from kiln.ir.types import (
     is_complete,
 )
 from kiln.registry import Op, attr
+from kiln.registry.attr import RelationError
 from kiln.relay.expr import (
     Call,
     Constant,
@@ -43,7 +44,6 @@ from kiln.relay.expr import (
     TupleGetItem,
     Var,
 )
-from kiln.relay.op._rel import RelationError
 from kiln.relay.visitor import post_order
 
 

@@ -21,8 +21,8 @@ from kiln.ir.module import IRModule
 from kiln.registry import Op
 from kiln.relay import expr as rx
 from kiln.relay.backend import build_module
-from kiln.relay.backend.interpreter import create_executor, run_op
 from kiln.relay.backend.te_compiler import compile_primitive
+from kiln.relay.interpreter import create_executor, run_op
 from kiln.relay.type_infer import infer_type
 from kiln.relay.visitor import post_order
 

@@ -18,10 +18,11 @@ import numpy as np
 
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
-from kiln.ir.transform import PassContext, Sequential
+from kiln.ir.transform import Pass, PassContext, Sequential
 from kiln.ir.types import TensorType, Type
 from kiln.registry import Op
 from kiln.relay import expr as rx
+from kiln.relay import transform as t
 from kiln.relay.backend.te_compiler import CompiledKernel, compile_primitive, field_slice, tensor_types
 from kiln.relay.type_infer import infer_type
 from kiln.relay.visitor import ExprMutator, post_order
@@ -35,14 +36,11 @@ class BuildError(KilnError, ValueError):
     """A module relay.build cannot compile (free variables, unsupported constructs, bad params)."""
 
 
-def build_passes() -> list[Any]:
+def build_passes() -> list[Pass]:
     """relay.build's optimization pipeline, in order (each pass is gated by its own opt level)."""
-    from kiln.relay import transform as t
-
     # ToGraphNormalForm first: fusion and the graph layout see let-bound values as ordinary shared nodes
-    names = ["InferType", "ToGraphNormalForm", "SimplifyInference", "FoldConstant", "FoldScaleAxis", "FoldConstant",
-             "EliminateCommonSubexpr", "DeadCodeElimination", "FuseOps", "InferType"]
-    return [getattr(t, n)() for n in names if hasattr(t, n)]
+    return [t.InferType(), t.ToGraphNormalForm(), t.SimplifyInference(), t.FoldConstant(), t.FoldScaleAxis(),
+            t.FoldConstant(), t.EliminateCommonSubexpr(), t.DeadCodeElimination(), t.FuseOps(), t.InferType()]
 
 
 class _Bind(ExprMutator):
@@ -77,12 +75,8 @@ def build_context() -> PassContext:
     return PassContext.current() if PassContext.entered() else PassContext(opt_level=3)
 
 
-def optimize(mod: IRModule | rx.Function, params: Mapping[str, Any] | None = None) -> IRModule:
-    """`mod` as relay.build compiles it: `params` bound as constants, then `build_passes()` (fused).
-
-    Raises:
-        BuildError: if main is not a function, or `params` do not match its parameters.
-    """
+def _main(mod: IRModule | rx.Function, params: Mapping[str, Any] | None) -> IRModule:
+    """A module of `mod`'s main alone, typed, with `params` bound as constants."""
     if isinstance(mod, rx.Function):
         mod = IRModule.from_expr(mod)
     func = infer_type(mod["main"])
@@ -90,8 +84,27 @@ def optimize(mod: IRModule | rx.Function, params: Mapping[str, Any] | None = Non
         raise BuildError(f"relay.build: main must be a Function, got {type(func).__name__}")
     if params:
         func = infer_type(bind_params(func, params))
+    return IRModule.from_expr(func)
+
+
+def optimize(mod: IRModule | rx.Function, params: Mapping[str, Any] | None = None) -> IRModule:
+    """`mod` as relay.build compiles it: `params` bound as constants, then `build_passes()` (fused).
+
+    Raises:
+        BuildError: if main is not a function, or `params` do not match its parameters.
+    """
     with build_context():
-        return Sequential(build_passes(), name="relay.build")(IRModule.from_expr(func))
+        return Sequential(build_passes(), name="relay.build")(_main(mod, params))
+
+
+def optimize_explained(mod: IRModule | rx.Function, params: Mapping[str, Any] | None = None,
+                       ) -> tuple[IRModule, t.FusionReport]:
+    """`optimize`, and `fusion_report` of the module just before FuseOps: why the groups are what they are."""
+    passes = build_passes()
+    cut = next(i for i, p in enumerate(passes) if p.info.name == "FuseOps")
+    with build_context():
+        before = Sequential(passes[:cut], name="relay.build")(_main(mod, params))
+        return Sequential(passes[cut:], name="relay.build")(before), t.fusion_report(before)
 
 
 class _GraphBuilder:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kiln.errors import KilnError
 from kiln.ir.dtype import DataType
 from kiln.ir.types import (
     ANY,
@@ -26,15 +25,7 @@ from kiln.ir.types import (
     Type,
     is_complete,
 )
-
-
-class RelationError(KilnError, TypeError):
-    """A type relation refused its inputs; `arg` is the index of the argument at fault, if one is."""
-
-    def __init__(self, message: str, arg: int | None = None) -> None:
-        super().__init__(message)
-        self.arg = arg
-
+from kiln.registry.attr import RelationError as RelationError  # the op library raises it
 
 Shape = tuple[Dim, ...]
 ShapeRule = Callable[[list[Shape], Any], Sequence[Dim]]

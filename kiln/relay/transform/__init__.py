@@ -9,46 +9,23 @@
 | EliminateCommonSubexpr | 3 | merges structurally equal calls |
 | DeadCodeElimination | 1 | removes unused let bindings and untaken constant branches |
 | FoldScaleAxis | 3 | folds a per-channel scale after conv2d / dense into the weight |
-| FuseOps | 1 | groups calls into primitive functions by TOpPattern (fuse_ops.py) |
+| FuseOps | 1 | groups calls into primitive functions by TOpPattern (fuse_ops.py; `fusion_report` says why) |
 
 Every pass leaves the module typed, and runs under `PassContext(verify=True)`.
 """
 
 from __future__ import annotations
 
-from kiln.ir.module import IRModule
-from kiln.ir.transform import ModulePass, PassContext, PassInfo, register_pass_factory
-from kiln.relay.analysis import check_well_formed
-from kiln.relay.expr import Expr
-from kiln.relay.type_infer import TypeInferenceError, infer_type
-
-
-def _infer_module(mod: IRModule, ctx: PassContext | None = None) -> IRModule:
-    for name in mod:
-        func = mod[name]
-        try:
-            infer_type(func, mod)
-        except TypeInferenceError as err:
-            raise TypeInferenceError(err.diagnostics, func, f" in @{name}") from None
-    return mod
+from kiln.ir.transform import ModulePass, register_pass_factory
+from kiln.relay.transform._common import infer_module, relay_pass, verify
 
 
 def InferType() -> ModulePass:
     """The pass that sets `checked_type` on every expression of every function."""
-    return ModulePass(_infer_module, PassInfo("InferType", 0))
-
-
-def verify(mod: IRModule) -> None:
-    """Checks every function is well formed (no var bound twice, no free vars) and well typed."""
-    for name in mod:
-        func = mod[name]
-        if isinstance(func, Expr):
-            check_well_formed(func, is_global=True)
-    _infer_module(mod)
+    return relay_pass(infer_module, "InferType", 0)
 
 
 register_pass_factory("InferType", InferType)
-PassContext.verifier = verify
 
 # The optimization passes (imported after InferType exists: they require it by name).
 from kiln.relay.transform.cse import EliminateCommonSubexpr
@@ -56,6 +33,7 @@ from kiln.relay.transform.dce import DeadCodeElimination
 from kiln.relay.transform.fold_constant import FoldConstant
 from kiln.relay.transform.fold_scale_axis import FoldScaleAxis
 from kiln.relay.transform.fuse_ops import FuseOps
+from kiln.relay.transform.fusion_report import FusionReport, fusion_report
 from kiln.relay.transform.graph_normal_form import ToGraphNormalForm
 from kiln.relay.transform.simplify_inference import SimplifyInference
 
@@ -75,8 +53,10 @@ __all__ = [
     "FoldConstant",
     "FoldScaleAxis",
     "FuseOps",
+    "FusionReport",
     "InferType",
     "SimplifyInference",
     "ToGraphNormalForm",
+    "fusion_report",
     "verify",
 ]

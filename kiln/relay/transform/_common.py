@@ -1,4 +1,5 @@
-"""Helpers the Relay passes share: running a rewrite over every function, use counts, purity."""
+"""Helpers the Relay passes share: the pass constructor and its verifier, running a rewrite over every
+function, use counts, purity."""
 
 from __future__ import annotations
 
@@ -6,12 +7,39 @@ from collections.abc import Callable
 from typing import Any
 
 from kiln.ir.module import IRModule
-from kiln.ir.transform import PassContext
+from kiln.ir.transform import ModulePass, PassContext, PassInfo
 from kiln.ir.types import TensorType, Type
 from kiln.registry import Op, attr
+from kiln.relay.analysis import check_well_formed
 from kiln.relay.expr import Call, Expr, Function, GlobalVar
 from kiln.relay.type_infer import TypeInferenceError, infer_type
 from kiln.relay.visitor import post_order
+
+
+def infer_module(mod: IRModule, ctx: PassContext | None = None) -> IRModule:
+    """`mod` with `checked_type` set on every expression of every function."""
+    for name in mod:
+        func = mod[name]
+        try:
+            infer_type(func, mod)
+        except TypeInferenceError as err:
+            raise TypeInferenceError(err.diagnostics, func, f" in @{name}") from None
+    return mod
+
+
+def verify(mod: IRModule) -> None:
+    """Checks every function is well formed (no var bound twice, no free vars) and well typed."""
+    for name in mod:
+        func = mod[name]
+        if isinstance(func, Expr):
+            check_well_formed(func, is_global=True)
+    infer_module(mod)
+
+
+def relay_pass(fn: Callable[[IRModule, PassContext], IRModule], name: str, opt_level: int) -> ModulePass:
+    """A Relay module pass: `fn` named `name`, run from `opt_level`, checked by `verify` under
+    `PassContext(verify=True)`."""
+    return ModulePass(fn, PassInfo(name, opt_level), verifier=verify)
 
 
 def is_primitive(func: Function) -> bool:

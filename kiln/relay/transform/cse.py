@@ -14,10 +14,10 @@ import hashlib
 from collections.abc import Hashable
 
 from kiln.ir.module import IRModule
-from kiln.ir.transform import ModulePass, PassContext, PassInfo
+from kiln.ir.transform import ModulePass, PassContext
 from kiln.registry import Op
 from kiln.relay.expr import Call, Constant, Expr, Function, Tuple, TupleGetItem
-from kiln.relay.transform._common import inside_primitive, is_stateful, rewrite_module
+from kiln.relay.transform._common import inside_primitive, is_stateful, relay_pass, rewrite_module
 from kiln.relay.visitor import ExprMutator
 
 
@@ -76,4 +76,4 @@ def eliminate_common_subexpr(mod: IRModule, ctx: PassContext | None = None) -> I
 
 def EliminateCommonSubexpr() -> ModulePass:
     """The pass that merges structurally equal calls (opt level 3)."""
-    return ModulePass(eliminate_common_subexpr, PassInfo("EliminateCommonSubexpr", 3))
+    return relay_pass(eliminate_common_subexpr, "EliminateCommonSubexpr", 3)

@@ -13,9 +13,9 @@ rewritten function holds only what its body reaches. Opt level 1, as TVM.
 from __future__ import annotations
 
 from kiln.ir.module import IRModule
-from kiln.ir.transform import ModulePass, PassContext, PassInfo
+from kiln.ir.transform import ModulePass, PassContext
 from kiln.relay.expr import Constant, Expr, Function, If, Let, Tuple, TupleGetItem, Var
-from kiln.relay.transform._common import impure_nodes, rewrite_module
+from kiln.relay.transform._common import impure_nodes, relay_pass, rewrite_module
 from kiln.relay.visitor import ExprMutator
 
 
@@ -100,4 +100,4 @@ def dead_code_elimination(mod: IRModule, ctx: PassContext | None = None) -> IRMo
 
 def DeadCodeElimination() -> ModulePass:
     """The pass that removes unused bindings and unreachable code (opt level 1)."""
-    return ModulePass(dead_code_elimination, PassInfo("DeadCodeElimination", 1))
+    return relay_pass(dead_code_elimination, "DeadCodeElimination", 1)

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.module import IRModule
-from kiln.ir.transform import ModulePass, PassContext, PassInfo
+from kiln.ir.transform import ModulePass, PassContext
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.registry import Op, attr
-from kiln.relay.backend.interpreter import run_op
 from kiln.relay.expr import Call, Constant, Expr, Function, Let, Tuple, TupleGetItem
-from kiln.relay.transform._common import impure_nodes, inside_primitive, is_stateful, rewrite_module
+from kiln.relay.interpreter import run_op
+from kiln.relay.transform._common import impure_nodes, inside_primitive, is_stateful, relay_pass, rewrite_module
 from kiln.relay.visitor import ExprMutator, post_order
 
 
@@ -135,4 +135,4 @@ def fold_constant(mod: IRModule, ctx: PassContext | None = None) -> IRModule:
 
 def FoldConstant() -> ModulePass:
     """The pass that evaluates calls whose arguments are all constants (opt level 2)."""
-    return ModulePass(fold_constant, PassInfo("FoldConstant", 2))
+    return relay_pass(fold_constant, "FoldConstant", 2)

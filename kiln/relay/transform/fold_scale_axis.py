@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.module import IRModule
-from kiln.ir.transform import ModulePass, PassContext, PassInfo
+from kiln.ir.transform import ModulePass, PassContext
 from kiln.registry import Op
 from kiln.relay.expr import Call, Constant, Expr, Function
-from kiln.relay.transform._common import rewrite_module, tensor_type_of, use_counts
+from kiln.relay.transform._common import relay_pass, rewrite_module, tensor_type_of, use_counts
 from kiln.relay.visitor import ExprMutator
 
 Array = np.ndarray[Any, Any]
@@ -148,4 +148,4 @@ def fold_scale_axis(mod: IRModule, ctx: PassContext | None = None) -> IRModule:
 
 def FoldScaleAxis() -> ModulePass:
     """The pass that folds per-output-channel scales into conv2d / dense weights (opt level 3)."""
-    return ModulePass(fold_scale_axis, PassInfo("FoldScaleAxis", 3))
+    return relay_pass(fold_scale_axis, "FoldScaleAxis", 3)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.ir.module import IRModule
-from kiln.ir.transform import ModulePass, PassContext, PassError, PassInfo, register_config
+from kiln.ir.transform import ModulePass, PassContext, PassError, register_config
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.expr import (
@@ -42,6 +42,7 @@ from kiln.relay.expr import (
     TupleGetItem,
     Var,
 )
+from kiln.relay.transform._common import relay_pass
 from kiln.relay.type_infer import infer_type
 
 MAX_DEPTH_KEY = "relay.FuseOps.max_depth"
@@ -516,7 +517,7 @@ def FuseOps(fuse_opt_level: int = -1) -> ModulePass:
         _typed(out)
         return out
 
-    return ModulePass(run, PassInfo("FuseOps", 1))
+    return relay_pass(run, "FuseOps", 1)
 
 
 __all__ = ["DEFAULT_MAX_DEPTH", "MAX_DEPTH_KEY", "ForwardGraph", "FuseOps", "Partition", "PostDomTree", "fuse_function"]

@@ -11,9 +11,9 @@ Relay has no references or other effects that a let would order.
 from __future__ import annotations
 
 from kiln.ir.module import IRModule
-from kiln.ir.transform import ModulePass, PassContext, PassInfo
+from kiln.ir.transform import ModulePass, PassContext
 from kiln.relay.expr import Expr, Let
-from kiln.relay.transform._common import rewrite_module
+from kiln.relay.transform._common import relay_pass, rewrite_module
 from kiln.relay.visitor import ExprMutator, post_order
 
 
@@ -67,4 +67,4 @@ def _pass(mod: IRModule, ctx: PassContext | None = None) -> IRModule:
 
 def ToGraphNormalForm() -> ModulePass:
     """The pass that inlines let bindings as shared graph values (opt level 0)."""
-    return ModulePass(_pass, PassInfo("ToGraphNormalForm", 0))
+    return relay_pass(_pass, "ToGraphNormalForm", 0)

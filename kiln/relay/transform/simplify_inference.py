@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.module import IRModule
-from kiln.ir.transform import ModulePass, PassContext, PassInfo
+from kiln.ir.transform import ModulePass, PassContext
 from kiln.ir.types import TensorType
 from kiln.registry import Op
 from kiln.relay.expr import Call, Constant, Expr, Function, Tuple, TupleGetItem, const
 from kiln.relay.op import reduce as _reduce
 from kiln.relay.op import tensor as _tensor
 from kiln.relay.op import transform as _shape
-from kiln.relay.transform._common import rewrite_module, tensor_type_of
+from kiln.relay.transform._common import relay_pass, rewrite_module, tensor_type_of
 from kiln.relay.visitor import ExprMutator
 
 
@@ -130,4 +130,4 @@ def simplify_inference(mod: IRModule, ctx: PassContext | None = None) -> IRModul
 
 def SimplifyInference() -> ModulePass:
     """The pass that rewrites nn.batch_norm, nn.dropout and nn.layer_norm for inference (opt level 0)."""
-    return ModulePass(simplify_inference, PassInfo("SimplifyInference", 0))
+    return relay_pass(simplify_inference, "SimplifyInference", 0)

@@ -1,7 +1,7 @@
 """Why FuseOps groups a function's calls as it does: the groups, and the reason at each boundary.
 
 ```python
-print(relay.analysis.fusion_report(mod))
+print(relay.transform.fusion_report(mod))
 # fusion of @main: 2 groups (max group size 256)
 #   group 0 [out-elemwise-fusable]: nn.conv2d, nn.bias_add, nn.relu
 #   group 1 [opaque]: nn.softmax
