@@ -2,19 +2,14 @@
 
 Every operator is an entry in one attribute registry (`kiln.registry`); targets
 (`kiln.target`) are entries of registries built on the same machinery.
+Importing kiln registers the op library (`kiln.relay`) and the back ends
+(`kiln.codegen`, each target kind's `FBuild`).
 """
 
-__version__ = "0.1.0"
-
-from kiln import (  # importing relay registers the op library
-    codegen,  # registers the back ends (each target kind's FBuild)
-    ir,
-    registry,
-    relay,
-    target,
-)
+from kiln import codegen, ir, registry, relay, target
 from kiln.build import build
 from kiln.errors import KilnError
 from kiln.target import Target
+from kiln.version import __version__
 
 __all__ = ["KilnError", "build", "Target", "__version__", "codegen", "ir", "registry", "relay", "target"]

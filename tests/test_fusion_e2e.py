@@ -20,9 +20,9 @@ from kiln import relay
 from kiln.ir.module import IRModule
 from kiln.ir.transform import PassContext
 from kiln.registry import Op
-from kiln.relay.transform import fusion_report
 from kiln.relay.backend.build_module import optimize
 from kiln.relay.expr import Call, Expr, Function, Var
+from kiln.relay.transform import fusion_report
 from kiln.relay.visitor import post_order
 from kiln.runtime import Library
 

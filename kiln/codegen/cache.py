@@ -36,6 +36,7 @@ import llvmlite
 
 from kiln.runtime import trust
 from kiln.target import Target
+from kiln.version import __version__
 
 if TYPE_CHECKING:
     from kiln.runtime.module import Module
@@ -67,10 +68,8 @@ def directory() -> Path:
 
 def cache_key(func_text: str, target: Target) -> str:
     """The sha256 key of a kernel: loop-IR text, target, llvmlite, kiln and codegen versions."""
-    import kiln
-
     h = hashlib.sha256()
-    for part in (func_text, str(target), llvmlite.__version__, kiln.__version__, CODEGEN_VERSION):
+    for part in (func_text, str(target), llvmlite.__version__, __version__, CODEGEN_VERSION):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()

@@ -46,6 +46,7 @@ from kiln.codegen import cache
 from kiln.errors import KilnError
 from kiln.runtime.cuda_module import CudaUnavailableError
 from kiln.target import Target
+from kiln.version import __version__
 
 DEFAULT_OPTIONS = ("--std=c++17",)
 _MEMORY_LIMIT = 256
@@ -210,11 +211,9 @@ CUDA_CACHE = _CompiledCache()
 
 def cache_key(source: str, arch: str, options: Sequence[str], kind: str) -> str:
     """The sha256 key of compiled code: kind, source, options, arch, NVRTC and kiln versions."""
-    import kiln
-
     major, minor = nvrtc_version()
     h = hashlib.sha256()
-    for part in (kind, source, "\x1f".join(options), arch, f"nvrtc {major}.{minor}", kiln.__version__):
+    for part in (kind, source, "\x1f".join(options), arch, f"nvrtc {major}.{minor}", __version__):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
