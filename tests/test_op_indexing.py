@@ -12,7 +12,7 @@ from op_helpers import build_op, check_build, ref
 
 from kiln.registry import Op, attr
 from kiln.relay.op import indexing as I
-from kiln.relay.op import transform as T
+from kiln.relay.op import shape as T
 
 Array = np.ndarray[Any, Any]
 DTYPES = ["float32", "int32"]

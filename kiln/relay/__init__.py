@@ -65,7 +65,7 @@ from kiln.relay.op.tensor import (
     tanh,
     where,
 )
-from kiln.relay.op.transform import (
+from kiln.relay.op.shape import (
     arange,
     broadcast_to,
     concatenate,

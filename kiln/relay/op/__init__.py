@@ -1,5 +1,5 @@
-"""The op library: each family module registers its ops and defines their constructors."""
+"""The op library: each family module declares its ops, one `register_op` chain per op, and their constructors."""
 
-from kiln.relay.op import conv, image, indexing, matmul, nn, norm, pool, reduce, tensor, transform
+from kiln.relay.op import conv, image, indexing, matmul, nn, norm, pool, reduce, shape, tensor
 
-__all__ = ["conv", "image", "indexing", "matmul", "nn", "norm", "pool", "reduce", "tensor", "transform"]
+__all__ = ["conv", "image", "indexing", "matmul", "nn", "norm", "pool", "reduce", "shape", "tensor"]

@@ -54,7 +54,7 @@ from kiln.relay.op.pool import GlobalPool2DAttrs as GlobalPool2DAttrs
 from kiln.relay.op.pool import MaxPool2DAttrs as MaxPool2DAttrs
 from kiln.relay.op.pool import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d
 from kiln.relay.op.tensor import _numeric
-from kiln.relay.op.transform import batch_flatten  # relay.nn.batch_flatten, as in TVM
+from kiln.relay.op.shape import batch_flatten  # relay.nn.batch_flatten, as in TVM
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 

@@ -1,4 +1,4 @@
-"""The transform ops (kiln/relay/op/transform.py): relations, numpy references, errors, constructors,
+"""The shape ops (kiln/relay/op/shape.py): relations, numpy references, errors, constructors,
 and each op compiled through the real lowering path."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from kiln.ir.attrs import Attrs, AttrsError
 from kiln.ir.types import ANY, IncompleteType, SizeVar, TensorType, TupleType, Type, dim_mul
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.expr import Call, Constant, Tuple, var
-from kiln.relay.op import transform as T
+from kiln.relay.op import shape as T
 from kiln.relay.op._rel import RelationError
 
 n, m = SizeVar("n"), SizeVar("m")

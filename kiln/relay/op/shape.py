@@ -1,4 +1,4 @@
-"""Transform ops: reshape, transpose, squeeze, expand_dims, concatenate, stack,
+"""Shape ops: reshape, transpose, squeeze, expand_dims, concatenate, stack,
 broadcast_to, nn.batch_flatten, tile; and the creation ops full, zeros, ones,
 zeros_like, ones_like, shape_of, arange. (split, strided_slice and take live in
 `indexing.py`; they are re-exported here, where they have always been imported from.)
