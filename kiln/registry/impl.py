@@ -5,8 +5,9 @@ for any), a dtype constraint on its tensor inputs (or none), an optional label
 and a priority: TensorFlow's kernel registry
 (`Name("MatMul").Device(DEVICE_CPU).TypeConstraint<T>("T").Label("eigen")`)
 and TVM's op strategies in one mechanism. They live in the op's column store
-like every attribute: `register_implementation(op, ..., name="tiled",
-target="llvm")` sets `FStrategy[llvm:tiled]`, with the same plevel rules (the
+like every attribute: `.add_implementation("tiled", compute, schedule,
+target="llvm")` in the op's chain (or `register_implementation(op, ...)`
+outside it) sets `FStrategy[llvm:tiled]`, with the same plevel rules (the
 same implementation twice at one plevel is an error naming both sites; a
 higher plevel overrides), the same scopes, batches and watchers.
 
@@ -24,8 +25,7 @@ from collections.abc import Iterable
 
 from kiln.errors import RegistryError
 from kiln.registry.attr import Compute, FStrategy, Implementation, Schedule
-from kiln.registry.op import Op, op_registry
-from kiln.registry.site import Site
+from kiln.registry.op import Op, OpRegEntry, op_registry
 
 
 class NoImplementationError(RegistryError):
@@ -44,32 +44,15 @@ def register_implementation(
     priority: int = 10,
     plevel: int = 10,
 ) -> Implementation:
-    """Adds an implementation of `op_name`: sets its `FStrategy[target:name]` at `plevel`.
-
-    Args:
-        op_name: the op.
-        compute: `(attrs, inputs, out_type) -> list of te tensors`.
-        schedule: `(sch, anchor_outs, outs, target) -> None`; None for the target's default schedule.
-        name: the implementation's name, unique per op and target.
-        target: a target kind name, or "*" for every target.
-        dtypes: the dtypes every tensor input must have; None for any.
-        label: a label that `relay.backend.use_label` can force.
-        priority: orders implementations of one plevel (higher wins).
-        plevel: the attribute's plevel (a higher one overrides, as for every attribute).
+    """Adds an implementation of `op_name` (`OpRegEntry.add_implementation`, outside a chain).
 
     Returns:
-        The implementation, as stored.
+        The implementation that lowering sees for it now (a higher plevel's, if one is set).
     """
-    where = f"implementation {name!r} of op {op_name!r}"
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise RegistryError(f"{where}: priority must be an int, got {priority!r}")
-    if not callable(compute) or not (schedule is None or callable(schedule)):
-        raise RegistryError(f"{where}: compute must be a callable and schedule a callable or None")
-    if not isinstance(name, str) or not name:
-        raise RegistryError(f"implementation of op {op_name!r}: name must be a non-empty string, got {name!r}")
-    impl = Implementation(op_name, name, compute, schedule, target, None if dtypes is None else frozenset(dtypes),
-                          label, priority, plevel, Site.here())
-    op_registry().update_attr(FStrategy[f"{target}:{name}"], Op.get(op_name), impl, plevel, impl.site)
+    entry = OpRegEntry(Op.get(op_name)).add_implementation(
+        name, compute, schedule, target=target, dtypes=dtypes, label=label, priority=priority, plevel=plevel)
+    impl = entry.key.get_attr(FStrategy[f"{target}:{name}"])
+    assert impl is not None
     return impl
 
 

@@ -18,7 +18,7 @@ not matter. Completeness (as many arguments as declared inputs) is checked by
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, overload
 
 import attrs
@@ -251,6 +251,43 @@ class OpRegEntry(RegEntry[Op]):
     def set_attr(self, key: AttrKey[Any] | str, value: object, plevel: int = 10) -> OpRegEntry:
         """Sets attribute `key` to `value`; a higher plevel overrides a lower one."""
         super().set_attr(key, value, plevel)
+        return self
+
+    def add_implementation(
+        self,
+        name: str,
+        compute: attr.Compute,
+        schedule: attr.Schedule | None = None,
+        *,
+        target: str = "*",
+        dtypes: Iterable[str] | None = None,
+        label: str | None = None,
+        priority: int = 10,
+        plevel: int = 10,
+    ) -> OpRegEntry:
+        """Adds an implementation of the op: sets its `FStrategy[target:name]` at `plevel`.
+
+        Args:
+            name: the implementation's name, unique per op and target.
+            compute: `(attrs, inputs, out_type) -> list of te tensors`.
+            schedule: `(sch, anchor_outs, outs, target) -> None`; None for the target's default schedule.
+            target: a target kind name, or "*" for every target.
+            dtypes: the dtypes every tensor input must have; None for any.
+            label: a label that `relay.backend.use_label` can force.
+            priority: orders implementations of one plevel (higher wins).
+            plevel: the attribute's plevel (a higher one overrides, as for every attribute).
+        """
+        where = f"implementation {name!r} of op {self.name!r}"
+        if not isinstance(name, str) or not name:
+            raise RegistryError(f"implementation of op {self.name!r}: name must be a non-empty string, got {name!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise RegistryError(f"{where}: priority must be an int, got {priority!r}")
+        if not callable(compute) or not (schedule is None or callable(schedule)):
+            raise RegistryError(f"{where}: compute must be a callable and schedule a callable or None")
+        site = Site.here()
+        impl = attr.Implementation(self.name, name, compute, schedule, target,
+                                   None if dtypes is None else frozenset(dtypes), label, priority, plevel, site)
+        _REGISTRY.update_attr(attr.FStrategy[f"{target}:{name}"], self.key, impl, plevel, site)
         return self
 
     def reset_attr(self, key: AttrKey[Any] | str, plevel: int | None = None) -> OpRegEntry:

@@ -27,6 +27,26 @@ from kiln.relay.expr import (
 from kiln.relay.interpreter import create_executor
 from kiln.relay.op import image, nn
 from kiln.relay.op.reduce import argmax, argmin, max, mean, min, prod, sum
+from kiln.relay.op.shape import (
+    arange,
+    broadcast_to,
+    concatenate,
+    expand_dims,
+    full,
+    ones,
+    ones_like,
+    reshape,
+    shape_of,
+    split,
+    squeeze,
+    stack,
+    strided_slice,
+    take,
+    tile,
+    transpose,
+    zeros,
+    zeros_like,
+)
 from kiln.relay.op.tensor import (
     abs,
     add,
@@ -64,26 +84,6 @@ from kiln.relay.op.tensor import (
     subtract,
     tanh,
     where,
-)
-from kiln.relay.op.shape import (
-    arange,
-    broadcast_to,
-    concatenate,
-    expand_dims,
-    full,
-    ones,
-    ones_like,
-    reshape,
-    shape_of,
-    split,
-    squeeze,
-    stack,
-    strided_slice,
-    take,
-    tile,
-    transpose,
-    zeros,
-    zeros_like,
 )
 from kiln.relay.parser import ParseError, parse
 from kiln.relay.type_infer import TypeInferenceError, infer_type

@@ -1,21 +1,32 @@
-"""Registration helpers: one call registers an op with its whole chain.
+"""What the op family modules share to declare their ops.
 
-This module is marked as a registration helper, so the registration site that
-the registry records is the line that calls these helpers, not a line here.
-It also holds the te side of elementwise and broadcasting ops: `broadcast_index`
-maps an output element to an input's element, and `elementwise_compute` turns a
-scalar function of the inputs' elements into an op's compute.
+Every op is declared in its family module by one `register_op(...)` chain:
+description, arguments, attrs class, type relation, pattern, numpy reference,
+compute, schedules per target kind and more implementations. Its Python
+constructor follows it, marked `@constructor(name)`, which checks its
+parameters against that declaration.
+
+The elementwise families (the unary and binary math ops) are declared by
+`register_unary` / `register_binary`, which build that chain for each member;
+this module is marked as a registration helper, so the sites the registry
+records are the family module's lines. It also holds the te side of
+elementwise and broadcasting ops: `broadcast_index` maps an output element to
+an input's element, and `elementwise_compute` turns a scalar function of the
+inputs' elements into an op's compute.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+import attrs
 
 from kiln import te
-from kiln.registry import OpPattern, OpRegEntry, attr, mark_registration_helper, register_op
+from kiln.errors import RegistryError
+from kiln.registry import Op, OpPattern, attr, mark_registration_helper, register_op
 from kiln.relay.op._rel import DTypeRule, broadcast_shape, identity_shape, same_dtype, shape_relation
-from kiln.relay.op._schedule import register_compute
 from kiln.tir.expr import IntImm, PrimExpr, const
 
 mark_registration_helper(__file__)
@@ -67,34 +78,49 @@ def elementwise_compute(fn: Callable[..., PrimExpr], name: str) -> Compute:
 def register_nn_op(
     name: str, description: str, arguments: Sequence[tuple[str, str]], relation: Callable[..., Any],
     reference: Callable[..., Any], pattern: OpPattern, attrs_type: type | None = None, level: int = 1,
-) -> OpRegEntry:
-    """Registers an op of the nn family in one chain.
-
-    Args:
-        name: the op name, e.g. "nn.conv2d".
-        description: what the op computes.
-        arguments: (name, description) of each tensor input, in order.
-        relation: the type relation.
-        reference: the numpy reference, (attrs, *arrays) -> array or tuple.
-        pattern: the fusion pattern.
-        attrs_type: the attrs class, if the op has attributes.
-        level: the support level.
-
-    Returns:
-        The op's registration entry.
-    """
-    entry = register_op(name).describe(description).set_num_inputs(len(arguments))
+) -> Any:
+    """TRANSITIONAL (removed once every family module declares its ops in chains)."""
+    entry = register_op(name).describe(description)
     for arg_name, arg_doc in arguments:
         entry.add_argument(arg_name, "Tensor", arg_doc)
     if attrs_type is not None:
         entry.set_attrs_type(attrs_type)
     rel_name = "".join(word.capitalize() for word in name.rsplit(".", 1)[-1].split("_"))
-    return (
-        entry.add_type_rel(rel_name, relation)
-        .set_support_level(level)
-        .set_attr(attr.TOpPattern, pattern)
-        .set_attr(attr.FReference, reference)
-    )
+    return (entry.add_type_rel(rel_name, relation).set_support_level(level).set_attr(attr.TOpPattern, pattern)
+            .set_attr(attr.FReference, reference))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def constructor(op_name: str) -> Callable[[F], F]:
+    """Marks a function as the Python constructor of op `op_name`, checked against the op's declaration.
+
+    Its parameters must be the op's arguments, in order, and fields of the op's
+    attrs class (TVM's `pad(data, pad_width, pad_value, pad_mode)` mixes them;
+    a field left out takes its default).
+    The op must be declared (registered) before its constructor.
+
+    Raises:
+        RegistryError: naming the op and the parameters that do not match.
+    """
+
+    def wrap(fn: F) -> F:
+        op = Op.get(op_name)
+        params = list(inspect.signature(fn).parameters)
+        args = [a.name for a in op.arguments]
+        fields = [f.name for f in attrs.fields(op.attrs_type)] if op.attrs_type is not None else []
+        extra = [p for p in params if p not in args and p not in fields]
+        if [p for p in params if p in args] != args or extra:
+            raise RegistryError(
+                f"constructor {fn.__qualname__} of op {op_name}: its parameters {params} must be the op's "
+                f"arguments {args}, in order, and fields of {getattr(op.attrs_type, '__name__', 'no attrs class')} "
+                f"{fields}" + (f"; neither: {extra}" if extra else "")
+            )
+        fn.__kiln_op__ = op_name  # type: ignore[attr-defined]
+        return fn
+
+    return wrap
 
 
 def register_unary(
@@ -105,16 +131,16 @@ def register_unary(
     attrs_type: type | None = None,
     pattern: OpPattern = OpPattern.ELEMWISE,
     te_expr: Callable[[PrimExpr], PrimExpr] | None = None,
+    compute: Compute | None = None,
 ) -> None:
-    """Registers a one-input elementwise op whose output has its input's shape.
+    """Declares a one-input elementwise op whose output has its input's shape.
 
-    With `te_expr` (the output element as a function of the input element) it
-    also registers the op's compute.
+    Its compute is `compute`, or with `te_expr` (the output element as a function
+    of the input element) the elementwise compute of that.
     """
     entry = (
         register_op(name)
         .describe(description)
-        .set_num_inputs(1)
         .add_argument("data", "Tensor", "the input")
         .add_type_rel("Identity", shape_relation(identity_shape, dtype_rule))
         .set_support_level(1)
@@ -125,7 +151,9 @@ def register_unary(
         entry.set_attrs_type(attrs_type)
     if te_expr is not None:
         expr = te_expr
-        register_compute(name, elementwise_compute(lambda attrs, x: expr(x), name))
+        compute = elementwise_compute(lambda attrs, x: expr(x), name)
+    if compute is not None:
+        entry.set_attr(attr.FCompute, compute)
 
 
 def register_binary(
@@ -135,15 +163,14 @@ def register_binary(
     dtype_rule: DTypeRule = same_dtype,
     te_expr: Callable[[PrimExpr, PrimExpr], PrimExpr] | None = None,
 ) -> None:
-    """Registers a two-input op with numpy broadcasting.
+    """Declares a two-input op with numpy broadcasting.
 
     With `te_expr` (the output element as a function of the two input elements)
-    it also registers the op's compute.
+    its compute is the broadcasting elementwise compute of that.
     """
-    (
+    entry = (
         register_op(name)
         .describe(description)
-        .set_num_inputs(2)
         .add_argument("lhs", "Tensor", "the left operand")
         .add_argument("rhs", "Tensor", "the right operand")
         .add_type_rel("Broadcast", shape_relation(broadcast_shape, dtype_rule))
@@ -153,4 +180,4 @@ def register_binary(
     )
     if te_expr is not None:
         expr = te_expr
-        register_compute(name, elementwise_compute(lambda attrs, a, b: expr(a, b), name))
+        entry.set_attr(attr.FCompute, elementwise_compute(lambda attrs, a, b: expr(a, b), name))

@@ -1,12 +1,12 @@
 """Neural-network ops (the `relay.nn` namespace): activations, bias_add, softmax, dropout, pad.
 
-Each op is registered in one chain: description, arguments, attrs, relation,
-pattern, numpy reference; its te compute and its Python constructor sit next
-to it. The other members of the family live in their own modules and are
-re-exported here, so users write `relay.nn.conv2d(...)` as in TVM:
-`kiln.relay.op.matmul` (dense, matmul, batch_matmul), `kiln.relay.op.norm`
-(batch_norm, layer_norm), `kiln.relay.op.conv` (convolutions) and
-`kiln.relay.op.pool` (pooling).
+Each op is declared in one `register_op` chain (description, arguments, attrs,
+relation, pattern, numpy reference, compute) after the functions it names; its
+Python constructor follows, checked against it (`@constructor`). The other
+members of the family live in their own modules and are re-exported here, so
+users write `relay.nn.conv2d(...)` as in TVM: `kiln.relay.op.matmul` (dense,
+matmul, batch_matmul), `kiln.relay.op.norm` (batch_norm, layer_norm),
+`kiln.relay.op.conv` (convolutions) and `kiln.relay.op.pool` (pooling).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 from kiln import te
 from kiln.ir.attrs import Attrs, FieldError, float_value, int_range, one_of
 from kiln.ir.types import Dim, TensorType, Type, dim_add
-from kiln.registry import OpPattern
+from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Constant, Expr, Var, call, const
 from kiln.relay.op._nn_util import (
     Array,
@@ -36,9 +36,8 @@ from kiln.relay.op._nn_util import (
     tuple_type,
     without,
 )
-from kiln.relay.op._reg import register_nn_op, register_unary
+from kiln.relay.op._reg import constructor, register_unary
 from kiln.relay.op._rel import RelationError, float_dtype, same_dtype, tensor_args
-from kiln.relay.op._schedule import register_compute
 from kiln.relay.op.conv import Conv2DAttrs as Conv2DAttrs
 from kiln.relay.op.conv import Conv2DTransposeAttrs as Conv2DTransposeAttrs
 from kiln.relay.op.conv import conv2d, conv2d_transpose  # the convolution family belongs to relay.nn, as in TVM
@@ -53,8 +52,8 @@ from kiln.relay.op.pool import AvgPool2DAttrs as AvgPool2DAttrs
 from kiln.relay.op.pool import GlobalPool2DAttrs as GlobalPool2DAttrs
 from kiln.relay.op.pool import MaxPool2DAttrs as MaxPool2DAttrs
 from kiln.relay.op.pool import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d
-from kiln.relay.op.tensor import _numeric
 from kiln.relay.op.shape import batch_flatten  # relay.nn.batch_flatten, as in TVM
+from kiln.relay.op.tensor import _numeric
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 
@@ -71,10 +70,11 @@ def _elementwise(name: str, f: Callable[[Any, PrimExpr], PrimExpr]) -> Callable[
     return compute
 
 
-register_unary("nn.relu", "max(x, 0)", lambda attrs, x: np.maximum(x, 0).astype(x.dtype), _numeric)
-register_compute("nn.relu", _elementwise("relu", lambda attrs, v: te.max(v, te.const(0, v.dtype))))
+register_unary("nn.relu", "max(x, 0)", lambda attrs, x: np.maximum(x, 0).astype(x.dtype), _numeric,
+               compute=_elementwise("relu", lambda attrs, v: te.max(v, te.const(0, v.dtype))))
 
 
+@constructor("nn.relu")
 def relu(data: Expr) -> Call:
     """Rectified linear unit, max(x, 0).
 
@@ -95,11 +95,12 @@ class LeakyReluAttrs(Attrs):
 
 
 register_unary("nn.leaky_relu", "x for x > 0, alpha * x otherwise",
-               lambda attrs, x: np.where(x > 0, x, attrs.alpha * x).astype(x.dtype), float_dtype, LeakyReluAttrs)
-register_compute("nn.leaky_relu", _elementwise(
-    "leaky_relu", lambda attrs, v: te.if_then_else(v > 0, v, te.const(attrs.alpha, v.dtype) * v)))
+               lambda attrs, x: np.where(x > 0, x, attrs.alpha * x).astype(x.dtype), float_dtype, LeakyReluAttrs,
+               compute=_elementwise("leaky_relu",
+                                    lambda attrs, v: te.if_then_else(v > 0, v, te.const(attrs.alpha, v.dtype) * v)))
 
 
+@constructor("nn.leaky_relu")
 def leaky_relu(data: Expr, alpha: float = 0.01) -> Call:
     """Leaky ReLU: x for x > 0, alpha * x otherwise.
 
@@ -139,10 +140,11 @@ def _gelu(approximate: str, v: PrimExpr) -> PrimExpr:
 
 
 register_unary("nn.gelu", "x * Phi(x), Phi the standard normal CDF (exact, or the tanh approximation)",
-               _gelu_ref, float_dtype, GeluAttrs)
-register_compute("nn.gelu", _elementwise("gelu", lambda attrs, v: _gelu(attrs.approximate, v)))
+               _gelu_ref, float_dtype, GeluAttrs,
+               compute=_elementwise("gelu", lambda attrs, v: _gelu(attrs.approximate, v)))
 
 
+@constructor("nn.gelu")
 def gelu(data: Expr, approximate: str = "none") -> Call:
     """Gaussian error linear unit.
 
@@ -182,20 +184,24 @@ def _prelu_ref(attrs: AxisAttrs, x: Array, alpha: Array) -> Array:
     return np.where(x > 0, x, a * x).astype(x.dtype)
 
 
-register_nn_op("nn.prelu", "x for x > 0, alpha[c] * x otherwise, alpha per channel",
-               [("data", "the input"), ("alpha", "slopes, one per channel: (C,)")],
-               _channel_vector_rel("alpha"), _prelu_ref, OpPattern.BROADCAST, attrs_type=AxisAttrs, level=3)
-
-
 def _prelu_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x, alpha = inputs
     axis = attrs.axis % x.ndim
     return [te.compute(x.shape, lambda *i: te.if_then_else(x[i] > 0, x[i], alpha[i[axis]] * x[i]), name="prelu")]
 
 
-register_compute("nn.prelu", _prelu_compute)
+(register_op("nn.prelu").describe("x for x > 0, alpha[c] * x otherwise, alpha per channel")
+    .add_argument("data", "Tensor", "the input")
+    .add_argument("alpha", "Tensor", "slopes, one per channel: (C,)")
+    .set_attrs_type(AxisAttrs)
+    .add_type_rel("Prelu", _channel_vector_rel("alpha"))
+    .set_support_level(3)
+    .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
+    .set_attr(attr.FReference, _prelu_ref)
+    .set_attr(attr.FCompute, _prelu_compute))
 
 
+@constructor("nn.prelu")
 def prelu(data: Expr, alpha: Expr, axis: int = 1) -> Call:
     """Parametric ReLU with one slope per channel.
 
@@ -217,20 +223,24 @@ def _bias_add_ref(attrs: AxisAttrs, x: Array, bias: Array) -> Array:
     return np.asarray(x + along(bias, attrs.axis % x.ndim, x.ndim)).astype(x.dtype)
 
 
-register_nn_op("nn.bias_add", "data + bias, the bias broadcast along the channel axis",
-               [("data", "the input"), ("bias", "one value per channel: (C,)")],
-               _channel_vector_rel("bias"), _bias_add_ref, OpPattern.BROADCAST, attrs_type=AxisAttrs, level=1)
-
-
 def _bias_add_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x, bias = inputs
     axis = attrs.axis % x.ndim
     return [te.compute(x.shape, lambda *i: x[i] + bias[i[axis]], name="bias_add")]
 
 
-register_compute("nn.bias_add", _bias_add_compute)
+(register_op("nn.bias_add").describe("data + bias, the bias broadcast along the channel axis")
+    .add_argument("data", "Tensor", "the input")
+    .add_argument("bias", "Tensor", "one value per channel: (C,)")
+    .set_attrs_type(AxisAttrs)
+    .add_type_rel("BiasAdd", _channel_vector_rel("bias"))
+    .set_support_level(1)
+    .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
+    .set_attr(attr.FReference, _bias_add_ref)
+    .set_attr(attr.FCompute, _bias_add_compute))
 
 
+@constructor("nn.bias_add")
 def bias_add(data: Expr, bias: Expr, axis: int = 1) -> Call:
     """Adds a per-channel bias.
 
@@ -305,12 +315,17 @@ for _name, _doc, _ref, _log in [
     ("nn.softmax", "exp(x) / sum(exp(x)) along axis", _softmax_ref, False),
     ("nn.log_softmax", "x - log(sum(exp(x))) along axis", _log_softmax_ref, True),
 ]:
-    register_nn_op(_name, _doc,
-                   [("data", "the input (floating point)")],
-                   _softmax_rel, _ref, OpPattern.OPAQUE, attrs_type=SoftmaxAttrs, level=1)
-    register_compute(_name, _softmax_compute(_log))
+    (register_op(_name).describe(_doc)
+        .add_argument("data", "Tensor", "the input (floating point)")
+        .set_attrs_type(SoftmaxAttrs)
+        .add_type_rel("Softmax", _softmax_rel)
+        .set_support_level(1)
+        .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+        .set_attr(attr.FReference, _ref)
+        .set_attr(attr.FCompute, _softmax_compute(_log)))
 
 
+@constructor("nn.softmax")
 def softmax(data: Expr, axis: int = -1) -> Call:
     """Softmax along an axis.
 
@@ -324,6 +339,7 @@ def softmax(data: Expr, axis: int = -1) -> Call:
     return call("nn.softmax", [data], SoftmaxAttrs.make("nn.softmax", axis=axis))
 
 
+@constructor("nn.log_softmax")
 def log_softmax(data: Expr, axis: int = -1) -> Call:
     """The logarithm of softmax along an axis, computed stably.
 
@@ -361,21 +377,23 @@ def _dropout_rel(arg_types: list[Type], attrs: DropoutAttrs) -> Type | None:
     return tuple_type(data, data)
 
 
-register_nn_op("nn.dropout", "identity at inference; returns (out, mask) as TVM",
-               [("data", "the input")],
-               _dropout_rel, lambda attrs, x: (x.copy(), np.ones_like(x)),
-               OpPattern.OPAQUE, attrs_type=DropoutAttrs, level=1)
-
-
 def _dropout_compute(attrs: DropoutAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     (x,) = inputs
     return [te.compute(x.shape, lambda *i: x[i], name="dropout"),
             te.compute(x.shape, lambda *i: te.const(1, x.dtype), name="dropout_mask")]
 
 
-register_compute("nn.dropout", _dropout_compute)
+(register_op("nn.dropout").describe("identity at inference; returns (out, mask) as TVM")
+    .add_argument("data", "Tensor", "the input")
+    .set_attrs_type(DropoutAttrs)
+    .add_type_rel("Dropout", _dropout_rel)
+    .set_support_level(1)
+    .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+    .set_attr(attr.FReference, lambda attrs, x: (x.copy(), np.ones_like(x)))
+    .set_attr(attr.FCompute, _dropout_compute))
 
 
+@constructor("nn.dropout")
 def dropout(data: Expr, rate: float = 0.5) -> Call:
     """Dropout, the identity at inference.
 
@@ -451,12 +469,6 @@ def _pad_ref(attrs: PadAttrs, x: Array, pad_value: Array) -> Array:
     return np.pad(x, attrs.pad_width, mode=mode)
 
 
-register_nn_op("nn.pad", "pads each axis by (before, after) with a constant, the edge value, a reflection "
-               "or the values from the other end (wrap)",
-               [("data", "the input"), ("pad_value", "the fill value for constant mode, a scalar")],
-               _pad_rel, _pad_ref, OpPattern.INJECTIVE, attrs_type=PadAttrs, level=2)
-
-
 def _pad_source(mode: str, i: PrimExpr, before: int, size: int) -> PrimExpr:
     """The input index that padded index i reads in `mode` (constant mode: clamped, the caller guards it)."""
     j = i - before
@@ -488,9 +500,19 @@ def _pad_compute(attrs: PadAttrs, inputs: list[te.Tensor], out_type: Type) -> li
     return [te.compute(static_shape(out_type), fill, name="pad")]
 
 
-register_compute("nn.pad", _pad_compute)
+(register_op("nn.pad").describe("pads each axis by (before, after) with a constant, the edge value, a reflection "
+                                "or the values from the other end (wrap)")
+    .add_argument("data", "Tensor", "the input")
+    .add_argument("pad_value", "Tensor", "the fill value for constant mode, a scalar")
+    .set_attrs_type(PadAttrs)
+    .add_type_rel("Pad", _pad_rel)
+    .set_support_level(2)
+    .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, _pad_ref)
+    .set_attr(attr.FCompute, _pad_compute))
 
 
+@constructor("nn.pad")
 def pad(data: Expr, pad_width: Any, pad_value: Expr | float = 0.0, pad_mode: str = "constant") -> Call:
     """Pads a tensor.
 

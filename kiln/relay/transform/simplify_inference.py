@@ -27,8 +27,8 @@ from kiln.ir.types import TensorType
 from kiln.registry import Op
 from kiln.relay.expr import Call, Constant, Expr, Function, Tuple, TupleGetItem, const
 from kiln.relay.op import reduce as _reduce
-from kiln.relay.op import tensor as _tensor
 from kiln.relay.op import shape as _shape
+from kiln.relay.op import tensor as _tensor
 from kiln.relay.transform._common import relay_pass, rewrite_module, tensor_type_of
 from kiln.relay.visitor import ExprMutator
 
