@@ -21,6 +21,7 @@ from kiln.relay.expr import (
     Tuple,
     TupleGetItem,
     Var,
+    call,
     const,
     var,
 )
@@ -90,6 +91,7 @@ from kiln.relay.type_infer import TypeInferenceError, infer_type
 
 __all__ = [
     "ANY",
+    "call",
     "Call",
     "Constant",
     "Expr",

@@ -30,6 +30,7 @@ from typing import Any
 
 import attrs as attrs_lib
 
+from kiln.ir import graph
 from kiln.ir.attrs import Attrs
 from kiln.ir.module import IRModule
 from kiln.ir.types import TupleType, Type
@@ -440,21 +441,12 @@ def _print_order(root: Expr) -> list[Expr]:
 
     So a fused group's `fn (...) { ... }` is printed just before the line that calls it.
     """
-    out: list[Expr] = []
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            out.append(node)
-        elif id(node) not in seen:
-            seen.add(id(node))
-            stack.append((node, True))
-            kids = node.children()
-            if isinstance(node, Call) and not isinstance(node.op, Op):
-                kids = (*node.args, node.op)
-            stack.extend((c, False) for c in reversed(kids) if id(c) not in seen)
-    return out
+    def children(node: Expr) -> tuple[Expr, ...]:
+        if isinstance(node, Call) and not isinstance(node.op, Op):
+            return (*node.args, node.op)
+        return node.children()
+
+    return graph.post_order([root], children)
 
 
 def _operands(node: Expr) -> tuple[Expr, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from kiln.ir import graph
 from kiln.ir.span import span_scope
 from kiln.registry import Op
 from kiln.relay.expr import (
@@ -31,24 +32,10 @@ def post_order(root: Expr, leaf: Callable[[Expr], bool] | None = None) -> list[E
     A node for which `leaf(node)` is true is listed but its children are not
     walked (unless another path reaches them).
     """
-    out: list[Expr] = []
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            out.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if leaf is not None and node is not root and leaf(node):
-            continue
-        for child in reversed(node.children()):
-            if id(child) not in seen:
-                stack.append((child, False))
-    return out
+    if leaf is None:
+        return graph.post_order([root], lambda n: n.children())
+    stop = leaf
+    return graph.post_order([root], lambda n: () if n is not root and stop(n) else n.children())
 
 
 def walk(root: Expr) -> Iterator[Expr]:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Mapping
 
 import attrs
 
+from kiln.ir import graph
 from kiln.te.tensor import Reduce, children
 from kiln.tir import expr as tx
 from kiln.tir.expr import BufferLoad, PrimExpr, Var
@@ -87,18 +88,8 @@ def substitute(e: PrimExpr, vmap: Mapping[Var, PrimExpr]) -> PrimExpr:
 
 
 def _distinct_nodes(e: PrimExpr) -> list[PrimExpr]:
-    """The nodes of `e` in pre-order, each shared sub-expression once (at its first occurrence)."""
-    out: list[PrimExpr] = []
-    visited: set[int] = set()  # ids of nodes of `e` (alive as long as `e` is)
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if id(x) in visited:
-            continue
-        visited.add(id(x))
-        out.append(x)
-        stack.extend(reversed(children(x)))
-    return out
+    """The nodes of `e` in post order, each shared sub-expression once."""
+    return graph.post_order([e], children)
 
 
 def free_vars(e: PrimExpr) -> list[Var]:
@@ -107,7 +98,7 @@ def free_vars(e: PrimExpr) -> list[Var]:
 
 
 def loads(e: PrimExpr) -> list[BufferLoad]:
-    """Every buffer load in `e` (loads inside indices too), outermost first.
+    """Every buffer load in `e` (loads inside indices too, before the loads that read at them).
 
     A load node shared by several parents is listed once.
     """

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from kiln.ir import graph
 from kiln.te.arith import loads, transform
 from kiln.te.tensor import (
     ComputeOp,
@@ -413,23 +414,8 @@ def _replace_tensor(body: PrimExpr, old: Tensor, new: Tensor) -> PrimExpr:
 
 
 def _post_order(roots: Sequence[Operation]) -> list[Operation]:
-    """Operations reachable from `roots`, each after everything it reads (iterative DFS)."""
-    out: list[Operation] = []
-    state: dict[int, int] = {}  # 1: on the stack, 2: done
-    stack: list[tuple[Operation, bool]] = [(op, False) for op in reversed(roots)]
-    while stack:
-        op, expanded = stack.pop()
-        if expanded:
-            if state.get(id(op)) != 2:
-                state[id(op)] = 2
-                out.append(op)
-            continue
-        if state.get(id(op)):
-            continue
-        state[id(op)] = 1
-        stack.append((op, True))
-        stack.extend((t.op, False) for t in reversed(op.input_tensors) if not state.get(id(t.op)))
-    return out
+    """Operations reachable from `roots`, each after everything it reads."""
+    return graph.post_order(roots, lambda op: [t.op for t in op.input_tensors])
 
 
 def create_schedule(outputs: Tensor | Sequence[Tensor]) -> Schedule:

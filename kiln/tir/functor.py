@@ -8,8 +8,8 @@ Expressions are rebuilt through the folding constructors (`binary`, `select`,
 
 Recursion follows the nesting of the IR (expressions and loop nests are
 shallow); the statements of a `SeqStmt` are walked iteratively, and
-`post_order_visit` uses an explicit stack, so neither depends on the length
-of a statement list.
+`post_order_visit` is the one graph walk (`kiln.ir.graph`), so neither depends
+on the length of a statement list.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, ClassVar, overload
 
 import attrs
 
+from kiln.ir import graph
 from kiln.tir.expr import (
     BinaryOp,
     Buffer,
@@ -256,16 +257,10 @@ def children(node: Node) -> Iterator[Node]:
 def post_order_visit(node: Node, fn: Callable[[Node], None]) -> None:
     """Calls `fn` on every node under `node` (itself included), children before parents.
 
-    Shared sub-trees are visited once per occurrence. Iterative: no recursion limit.
+    A node shared by several parents is visited once. Iterative: no recursion limit.
     """
-    stack: list[tuple[Node, bool]] = [(node, False)]
-    while stack:
-        n, expanded = stack.pop()
-        if expanded:
-            fn(n)
-            continue
-        stack.append((n, True))
-        stack.extend((c, False) for c in reversed(list(children(n))))
+    for n in graph.post_order([node], children):
+        fn(n)
 
 
 def used_vars(node: Node) -> set[Var]:

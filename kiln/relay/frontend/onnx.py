@@ -50,6 +50,7 @@ import attrs
 import numpy as np
 
 from kiln.errors import KilnError
+from kiln.ir import graph
 from kiln.ir.dtype import DataType
 from kiln.ir.module import IRModule
 from kiln.ir.span import Span, span_scope
@@ -611,27 +612,9 @@ class _Importer:
                     )
                 need.add(producer[name])
             deps.append(need)
-        order: list[int] = []
-        state = [0] * len(nodes)  # 0 new, 1 on the stack, 2 done
-        for start in range(len(nodes)):
-            stack = [(start, False)]
-            while stack:
-                i, expanded = stack.pop()
-                if expanded:
-                    state[i] = 2
-                    order.append(i)
-                    continue
-                if state[i] == 2:
-                    continue
-                if state[i] == 1:
-                    continue
-                state[i] = 1
-                stack.append((i, True))
-                for j in sorted(deps[i], reverse=True):
-                    if state[j] == 1:
-                        raise OnnxImportError(f"the graph has a cycle through {_label(nodes[j], j)}")
-                    if state[j] == 0:
-                        stack.append((j, False))
+        order = graph.post_order(range(len(nodes)), lambda i: sorted(deps[i]), key=lambda i: i,
+                                 on_cycle=lambda j: OnnxImportError(f"the graph has a cycle through "
+                                                                    f"{_label(nodes[j], j)}"))
         return [nodes[i] for i in order]
 
     def check_supported(self, nodes: list[Any]) -> None:

@@ -75,21 +75,6 @@ def elementwise_compute(fn: Callable[..., PrimExpr], name: str) -> Compute:
     return compute
 
 
-def register_nn_op(
-    name: str, description: str, arguments: Sequence[tuple[str, str]], relation: Callable[..., Any],
-    reference: Callable[..., Any], pattern: OpPattern, attrs_type: type | None = None, level: int = 1,
-) -> Any:
-    """TRANSITIONAL (removed once every family module declares its ops in chains)."""
-    entry = register_op(name).describe(description)
-    for arg_name, arg_doc in arguments:
-        entry.add_argument(arg_name, "Tensor", arg_doc)
-    if attrs_type is not None:
-        entry.set_attrs_type(attrs_type)
-    rel_name = "".join(word.capitalize() for word in name.rsplit(".", 1)[-1].split("_"))
-    return (entry.add_type_rel(rel_name, relation).set_support_level(level).set_attr(attr.TOpPattern, pattern)
-            .set_attr(attr.FReference, reference))
-
-
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -1,14 +1,12 @@
 """Generic CPU schedules, and the helper that registers an op's compute with them.
 
-Every op registers its te compute in its own place (`relay/op/<family>.py`)
-with `register_compute(name, compute)`: that sets the op's `FCompute`. Unless
-the op sets its own `FSchedule`, each target kind schedules it by its
-`TOpPattern` (the kind's `FDefaultSchedule`, set here: on llvm
-`schedule_injective` for elementwise, broadcast and injective ops,
-`schedule_reduce` for reductions, `schedule_generic` otherwise; on cuda
-`schedule_cuda`). Ops with better schedules pass `schedule=` (their
-`FSchedule[llvm]`) or register more implementations with
-`registry.register_implementation`.
+Every op sets its te compute (`FCompute`) in its own declaration
+(`relay/op/<family>.py`). Unless the op sets its own `FSchedule`, each target
+kind schedules it by its `TOpPattern` (the kind's `FDefaultSchedule`, set
+here: on llvm `schedule_injective` for elementwise, broadcast and injective
+ops, `schedule_reduce` for reductions, `schedule_generic` otherwise; on cuda
+`schedule_cuda`). Ops with better schedules set `FSchedule["llvm"]` or add
+implementations (`.add_implementation(...)`).
 
 A schedule is called as `schedule(sch, anchor_outs, outs, target)`: `sch` is
 the schedule of a whole fused group, whose injective stages other than the
@@ -24,11 +22,9 @@ from typing import Any
 
 from kiln import te
 from kiln.ir.dtype import DataType
-from kiln.registry import Op, OpPattern, attr, mark_registration_helper
+from kiln.registry import OpPattern
 from kiln.relay.op._nn_util import tensor_shape
 from kiln.target import FDefaultSchedule, Target, register_target_kind
-
-mark_registration_helper(__file__)
 
 _VECTOR_BYTES = 64  # one zmm register; LLVM narrows it on hosts without AVX-512
 KEEP = "kiln.keep"  # ComputeOp attr: a compute's internal stage that its schedule places; lowering leaves it
@@ -186,18 +182,6 @@ def schedule_cuda(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequ
     for stage in list(sch.stages):
         if stage.attach_type is te.AttachType.ROOT:
             bind_stage_cuda(sch, stage.op.output())
-
-
-def register_compute(name: str, compute: Callable[..., Any], schedule: Callable[..., None] | None = None) -> None:
-    """Sets op `name`'s `FCompute`, and with `schedule` its `FSchedule[llvm]` (its CPU schedule).
-
-    Without `schedule`, each target kind schedules the op by its pattern (`FDefaultSchedule`: on
-    llvm `default_schedule`, on cuda `schedule_cuda`).
-    """
-    op = Op.get(name)
-    op.set_attr(attr.FCompute, compute)
-    if schedule is not None:
-        op.set_attr(attr.FSchedule["llvm"], schedule)
 
 
 register_target_kind("llvm").set_attr(FDefaultSchedule, default_schedule)

@@ -1,10 +1,11 @@
 """Convolution ops: nn.conv2d and nn.conv2d_transpose, and the window helpers the pools share.
 
-Each op is registered in one chain: description, arguments, attrs, relation,
-pattern, numpy reference; its te compute and its Python constructor sit next
-to it. The constructors are re-exported by `kiln.relay.op.nn`, so users write
-`relay.nn.conv2d(...)`. The pools (`kiln.relay.op.pool`) use the attribute
-converters, layout tables and window helpers defined here.
+Each op is declared in one `register_op` chain (description, arguments, attrs,
+relation, pattern, numpy reference, compute and further implementations) after
+the functions it names; its Python constructor follows, checked against it
+(`@constructor`). The constructors are re-exported by `kiln.relay.op.nn`, so
+users write `relay.nn.conv2d(...)`. The pools (`kiln.relay.op.pool`) use the
+attribute converters, layout tables and window helpers defined here.
 
 Spatial output sizes follow TVM and PyTorch: ``(in + pad_before + pad_after -
 dilation * (kernel - 1) - 1) // stride + 1``; for pools with ``ceil_mode`` the
@@ -24,16 +25,15 @@ from kiln import te
 from kiln.ir.attrs import Attrs, FieldError, int_range, int_tuple, one_of, optional
 from kiln.ir.dtype import DataType, DTypeError
 from kiln.ir.types import ANY, AnyDim, Dim, TensorType, Type, dim_add
-from kiln.registry import OpPattern, register_implementation
+from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import clamp, differ, dtype_of, static_shape, tensor_shape
-from kiln.relay.op._reg import register_nn_op
+from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
 from kiln.relay.op._schedule import (
     KEEP,
     divisor_at_most,
     op_attr,
-    register_compute,
     schedule_generic,
     split_epilogue,
     vector_lanes,
@@ -309,11 +309,6 @@ def _conv2d_ref(attrs: Conv2DAttrs, data: Array, weight: Array) -> Array:
     return from_nchw(out, attrs.data_layout)
 
 
-register_nn_op("nn.conv2d", "2-D convolution (cross-correlation) with strides, padding, dilation and groups",
-               [("data", "the input, NCHW or NHWC"), ("weight", "the kernel, OIHW or HWIO; I is channels / groups")],
-               _conv2d_rel, _conv2d_ref, OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=Conv2DAttrs, level=2)
-
-
 def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     """The direct convolution: a sum over (input channel of the group, kernel row, kernel column)."""
     data, weight = inputs
@@ -339,9 +334,6 @@ def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type)
     if layout == "NCHW":
         return [te.compute(shape, conv, name="conv2d")]
     return [te.compute(shape, lambda n, y, x, o: conv(n, o, y, x), name="conv2d")]
-
-
-register_compute("nn.conv2d", _conv2d_compute)
 
 
 def _conv2d_tiled_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
@@ -418,10 +410,20 @@ def _conv2d_tiled_schedule(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], o
             rows.parallel(rows.fuse(*rows.op.axis[:-1]))
 
 
-register_implementation("nn.conv2d", _conv2d_tiled_compute, _conv2d_tiled_schedule, name="tiled", target="llvm",
-                        dtypes=("float32", "float64"), priority=10)
+(register_op("nn.conv2d").describe("2-D convolution (cross-correlation) with strides, padding, dilation and groups")
+    .add_argument("data", "Tensor", "the input, NCHW or NHWC")
+    .add_argument("weight", "Tensor", "the kernel, OIHW or HWIO; I is channels / groups")
+    .set_attrs_type(Conv2DAttrs)
+    .add_type_rel("Conv2d", _conv2d_rel)
+    .set_support_level(2)
+    .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
+    .set_attr(attr.FReference, _conv2d_ref)
+    .set_attr(attr.FCompute, _conv2d_compute)
+    .add_implementation("tiled", _conv2d_tiled_compute, _conv2d_tiled_schedule, target="llvm",
+                        dtypes=("float32", "float64"), priority=10))
 
 
+@constructor("nn.conv2d")
 def conv2d(
     data: Expr,
     weight: Expr,
@@ -550,12 +552,6 @@ def _conv2d_transpose_ref(attrs: Conv2DTransposeAttrs, data: Array, weight: Arra
     return full.reshape(n, g * og, full_h, full_w)[:, :, pt : full_h - pb, pl : full_w - pr]
 
 
-register_nn_op("nn.conv2d_transpose", "transposed 2-D convolution (the gradient of conv2d with respect to its input)",
-               [("data", "the input, NCHW"), ("weight", "the kernel, IOHW; O is output channels / groups")],
-               _conv2d_transpose_rel, _conv2d_transpose_ref,
-               OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=Conv2DTransposeAttrs, level=2)
-
-
 def _conv2d_transpose_compute(attrs: Conv2DTransposeAttrs, inputs: list[te.Tensor],
                               out_type: Type) -> list[te.Tensor]:
     """Gathers, for each output element, the input taps that the scatter of the reference adds into it."""
@@ -590,9 +586,19 @@ def _conv2d_transpose_compute(attrs: Conv2DTransposeAttrs, inputs: list[te.Tenso
     return [te.compute(shape, gather, name="conv2d_transpose")]
 
 
-register_compute("nn.conv2d_transpose", _conv2d_transpose_compute)
+(register_op("nn.conv2d_transpose")
+    .describe("transposed 2-D convolution (the gradient of conv2d with respect to its input)")
+    .add_argument("data", "Tensor", "the input, NCHW")
+    .add_argument("weight", "Tensor", "the kernel, IOHW; O is output channels / groups")
+    .set_attrs_type(Conv2DTransposeAttrs)
+    .add_type_rel("Conv2dTranspose", _conv2d_transpose_rel)
+    .set_support_level(2)
+    .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
+    .set_attr(attr.FReference, _conv2d_transpose_ref)
+    .set_attr(attr.FCompute, _conv2d_transpose_compute))
 
 
+@constructor("nn.conv2d_transpose")
 def conv2d_transpose(
     data: Expr,
     weight: Expr,

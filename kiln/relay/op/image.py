@@ -1,7 +1,8 @@
 """Image ops (the `relay.image` namespace): image.resize, which ONNX's Resize (opsets 10-19) and Upsample lower to.
 
-image.resize is registered in one chain (description, argument, attrs, relation,
-pattern, numpy reference); its te compute and its constructor sit next to it.
+image.resize is declared in one `register_op` chain (description, argument,
+attrs, relation, pattern, numpy reference, compute) after the functions it
+names; its Python constructor follows, checked against it (`@constructor`).
 
 What it computes follows `onnx.reference.ops.op_resize`: each resized axis maps
 output position y to a source coordinate x (the coordinate transformation
@@ -46,8 +47,8 @@ from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import Array, clamp, static_shape, tensor_shape
+from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
-from kiln.relay.op._schedule import register_compute
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 
@@ -343,15 +344,6 @@ def _resize_ref(attrs: ResizeAttrs, data: Array) -> Array:
     return rounded
 
 
-(register_op("image.resize")
-    .describe("resizes the given axes by nearest, multi-linear or cubic interpolation, as ONNX Resize")
-    .set_num_inputs(1).add_argument("data", "Tensor", "the input, of any rank")
-    .set_attrs_type(ResizeAttrs)
-    .add_type_rel("Resize", _resize_rel)
-    .set_support_level(5).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, _resize_ref))
-
-
 # -- the compute: one expression per output element, the axes' taps nested (axis by axis, as the reference) --
 
 
@@ -454,9 +446,18 @@ def _resize_compute(attrs: ResizeAttrs, inputs: list[te.Tensor], out_type: Type)
     return [te.compute(static_shape(out_type), element, name="resize")]
 
 
-register_compute("image.resize", _resize_compute)
+(register_op("image.resize")
+    .describe("resizes the given axes by nearest, multi-linear or cubic interpolation, as ONNX Resize")
+    .add_argument("data", "Tensor", "the input, of any rank")
+    .set_attrs_type(ResizeAttrs)
+    .add_type_rel("Resize", _resize_rel)
+    .set_support_level(5)
+    .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, _resize_ref)
+    .set_attr(attr.FCompute, _resize_compute))
 
 
+@constructor("image.resize")
 def resize(
     data: Expr,
     size: int | Sequence[int],

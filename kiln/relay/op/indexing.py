@@ -1,10 +1,11 @@
 """Indexing ops: split, strided_slice, take — the ops that select elements of one tensor.
 
-Each op is registered in one chain (description, arguments, attrs, relation,
-support level, pattern, numpy reference) with its te compute registered right
-after it; its Python constructor sits next to them. The shape helpers at the
-top are shared with `transform.py`, which re-exports this module's public names
-(`relay.split`, `relay.take`, ... have always lived in `transform`).
+Each op is declared in one `register_op` chain (description, arguments, attrs,
+relation, support level, pattern, numpy reference, compute) after the functions
+it names; its Python constructor follows, checked against it (`@constructor`).
+The shape helpers at the top are shared with `shape.py`, which re-exports
+this module's public names (`relay.split`, `relay.take`, ... have always been
+imported from there).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from kiln.ir.attrs import (
 from kiln.ir.types import ANY, Dim, TensorType, TupleType, Type, dim_add, dim_div
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, shape_relation, tensor_args
-from kiln.relay.op._schedule import register_compute
 from kiln.tir import expr as tx
 
 Array = np.ndarray[Any, Any]
@@ -151,13 +152,6 @@ def _split_ref(attrs: SplitAttrs, x: Array) -> tuple[Array, ...]:
     return tuple(np.split(x, cut if isinstance(cut, int) else list(cut), axis=attrs.axis))
 
 
-(register_op("split").describe("cuts a tensor along an axis into a tuple of tensors")
-    .set_num_inputs(1).add_argument(*DATA_ARG).set_attrs_type(SplitAttrs)
-    .add_type_rel("Split", _split_rel)
-    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, _split_ref))
-
-
 def _split_compute(attrs: SplitAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x = inputs[0]
     assert isinstance(out_type, TupleType)
@@ -176,15 +170,23 @@ def _split_compute(attrs: SplitAttrs, inputs: list[te.Tensor], out_type: Type) -
     return outs
 
 
-register_compute("split", _split_compute)
+(register_op("split").describe("cuts a tensor along an axis into a tuple of tensors")
+    .add_argument(*DATA_ARG)
+    .set_attrs_type(SplitAttrs)
+    .add_type_rel("Split", _split_rel)
+    .set_support_level(3)
+    .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, _split_ref)
+    .set_attr(attr.FCompute, _split_compute))
 
 
+@constructor("split")
 def split(data: Expr, indices_or_sections: int | Sequence[int], axis: int = 0) -> Call:
     """`data` cut along `axis` into equal sections (an int) or at ascending indices; its value is a tuple."""
     return call("split", [data], SplitAttrs.make("split", indices_or_sections=indices_or_sections, axis=axis))
 
 
-# --- strided_slice, take -----------------------------------------------------------------
+# --- strided_slice --------------------------------------------------------------------------
 
 
 def _nonzero_ints(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
@@ -251,13 +253,6 @@ def _strided_slice_ref(attrs: StridedSliceAttrs, x: Array) -> Array:
     return np.array(x[tuple(index)])
 
 
-(register_op("strided_slice").describe("numpy slicing data[begin:end:stride] along some axes")
-    .set_num_inputs(1).add_argument(*DATA_ARG).set_attrs_type(StridedSliceAttrs)
-    .add_type_rel("StridedSlice", shape_relation(_strided_slice_shape))
-    .set_support_level(4).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, _strided_slice_ref))
-
-
 def _strided_slice_compute(attrs: StridedSliceAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x = inputs[0]
     dims = static_shape(x)
@@ -270,9 +265,17 @@ def _strided_slice_compute(attrs: StridedSliceAttrs, inputs: list[te.Tensor], ou
     return [te.compute(static_shape(out_type), element, name="strided_slice")]
 
 
-register_compute("strided_slice", _strided_slice_compute)
+(register_op("strided_slice").describe("numpy slicing data[begin:end:stride] along some axes")
+    .add_argument(*DATA_ARG)
+    .set_attrs_type(StridedSliceAttrs)
+    .add_type_rel("StridedSlice", shape_relation(_strided_slice_shape))
+    .set_support_level(4)
+    .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, _strided_slice_ref)
+    .set_attr(attr.FCompute, _strided_slice_compute))
 
 
+@constructor("strided_slice")
 def strided_slice(
     data: Expr,
     begin: Sequence[int],
@@ -294,6 +297,9 @@ def strided_slice(
     """
     sliced = StridedSliceAttrs.make("strided_slice", begin=begin, end=end, strides=strides, axes=axes)
     return call("strided_slice", [data], sliced)
+
+
+# --- take -----------------------------------------------------------------------------------
 
 
 @attrs.frozen
@@ -325,13 +331,6 @@ def _take_rel(arg_types: list[Type], attrs: TakeAttrs) -> Type | None:
 def _take_ref(attrs: TakeAttrs, x: Array, indices: Array) -> Array:
     mode: Any = "raise" if attrs.mode == "fast" else attrs.mode  # fast: indices are in range
     return np.asarray(np.take(x, indices, axis=attrs.axis, mode=mode))
-
-
-(register_op("take").describe("the elements of data at the given indices along an axis")
-    .set_num_inputs(2).add_argument(*DATA_ARG).add_argument("indices", "Tensor", "integer indices")
-    .set_attrs_type(TakeAttrs).add_type_rel("Take", _take_rel)
-    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, _take_ref))
 
 
 def _safe_index(index: tx.PrimExpr, size: int, mode: str) -> tx.PrimExpr:
@@ -373,9 +372,18 @@ def _take_compute(attrs: TakeAttrs, inputs: list[te.Tensor], out_type: Type) -> 
     return [te.compute(static_shape(out_type), element, name="take")]
 
 
-register_compute("take", _take_compute)
+(register_op("take").describe("the elements of data at the given indices along an axis")
+    .add_argument(*DATA_ARG)
+    .add_argument("indices", "Tensor", "integer indices")
+    .set_attrs_type(TakeAttrs)
+    .add_type_rel("Take", _take_rel)
+    .set_support_level(3)
+    .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, _take_ref)
+    .set_attr(attr.FCompute, _take_compute))
 
 
+@constructor("take")
 def take(data: Expr, indices: Expr, axis: int | None = None, mode: str = "clip") -> Call:
     """`data` indexed by `indices` along `axis` (None: the flattened data); mode is clip, wrap or fast."""
     return call("take", [data, indices], TakeAttrs.make("take", axis=axis, mode=mode))

@@ -1,10 +1,12 @@
 """Matrix products of the `relay.nn` namespace: nn.dense, nn.matmul and nn.batch_matmul.
 
-Each op is registered in one chain: description, arguments, attrs, relation,
-pattern, numpy reference; its te compute and its Python constructor sit next to
-it. The constructors are re-exported by `kiln.relay.op.nn`, so users write
-`relay.nn.dense(...)` as in TVM. The computes here are the direct (untiled)
-definitions; faster schedules are registered as further implementations.
+Each op is declared in one `register_op` chain (description, arguments, attrs,
+relation, pattern, numpy reference, compute and further implementations) after
+the functions it names; its Python constructor follows, checked against it
+(`@constructor`). The constructors are re-exported by `kiln.relay.op.nn`, so
+users write `relay.nn.dense(...)` as in TVM. The computes (`FCompute`) are the
+direct (untiled) definitions; the register-tiled CPU forms, which the three ops
+share, are each op's "tiled" implementation, so the chains come after them.
 """
 
 from __future__ import annotations
@@ -19,17 +21,16 @@ from kiln import te
 from kiln.ir.attrs import Attrs, bool_value, int_range, optional
 from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type
-from kiln.registry import OpPattern, register_implementation
+from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import Array, differ, dtype_of, static_shape, tensor_shape
-from kiln.relay.op._reg import register_nn_op
+from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, broadcast_dim, broadcast_shapes, same_dtype, tensor_args
 from kiln.relay.op._schedule import (
     KEEP,
     divisor_at_most,
     op_attr,
     reduce_extent,
-    register_compute,
     schedule_generic,
     split_epilogue,
     static_size,
@@ -39,7 +40,7 @@ from kiln.relay.op._schedule import (
 from kiln.relay.op.conv import dtype_or_none, optional_dtype
 from kiln.tir.expr import PrimExpr
 
-# --- nn.dense, nn.matmul, nn.batch_matmul ---------------------------------------------------------
+# --- nn.dense, nn.matmul, nn.batch_matmul: attrs, relations, references, direct computes ----------
 
 
 @attrs.frozen
@@ -79,11 +80,6 @@ def _dense_ref(attrs: DenseAttrs, x: Array, w: Array) -> Array:
     return np.asarray(np.matmul(x.astype(dtype), w.astype(dtype).T))
 
 
-register_nn_op("nn.dense", "data @ weight.T: (..., K) x (N, K) -> (..., N)",
-               [("data", "the input, (..., K)"), ("weight", "the weight, (N, K)")],
-               _dense_rel, _dense_ref, OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=DenseAttrs, level=1)
-
-
 def _dense_compute(attrs: DenseAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x, w = inputs
     dtype = dtype_of(out_type)
@@ -94,24 +90,6 @@ def _dense_compute(attrs: DenseAttrs, inputs: list[te.Tensor], out_type: Type) -
         return te.sum(te.cast(x[row], dtype) * te.cast(w[i[-1], k], dtype), axis=k)
 
     return [te.compute(static_shape(out_type), product, name="dense")]
-
-
-register_compute("nn.dense", _dense_compute)
-
-
-def dense(data: Expr, weight: Expr, units: int | None = None, out_dtype: Any = None) -> Call:
-    """A fully connected layer without bias: data @ weight.T.
-
-    Args:
-        data: the input, (..., K).
-        weight: the weight, (N, K).
-        units: N, checked against the weight.
-        out_dtype: the output dtype; None for the input's.
-
-    Returns:
-        The call of nn.dense.
-    """
-    return call("nn.dense", [data, weight], DenseAttrs.make("nn.dense", units=units, out_dtype=out_dtype))
 
 
 @attrs.frozen
@@ -200,33 +178,6 @@ def _matmul_compute(attrs: MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tenso
     return [te.compute(shape, product, name="matmul")]
 
 
-register_nn_op("nn.matmul", "matrix product of the last two dims, batch dims broadcast as numpy.matmul",
-               [("tensor_a", "(..., M, K), or (..., K, M) with transpose_a"),
-                ("tensor_b", "(..., K, N), or (..., N, K) with transpose_b")],
-               _matmul_rel, _matmul_ref, OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=MatmulAttrs, level=1)
-register_compute("nn.matmul", _matmul_compute)
-
-
-def matmul(
-    tensor_a: Expr, tensor_b: Expr, transpose_a: bool = False, transpose_b: bool = False, out_dtype: Any = None
-) -> Call:
-    """Matrix product, numpy.matmul style, with optional transposes of the last two dims.
-
-    Args:
-        tensor_a: (..., M, K), or (..., K, M) with transpose_a.
-        tensor_b: (..., K, N), or (..., N, K) with transpose_b.
-        transpose_a: whether tensor_a is given transposed.
-        transpose_b: whether tensor_b is given transposed.
-        out_dtype: the output dtype; None for the input's.
-
-    Returns:
-        The call of nn.matmul.
-    """
-    return call("nn.matmul", [tensor_a, tensor_b], MatmulAttrs.make(
-        "nn.matmul", transpose_a=transpose_a, transpose_b=transpose_b, out_dtype=out_dtype
-    ))
-
-
 def _batch_matmul_rel(arg_types: list[Type], attrs: BatchMatmulAttrs) -> Type | None:
     tensors = tensor_args(arg_types)
     if tensors is None:
@@ -243,31 +194,6 @@ def _batch_matmul_rel(arg_types: list[Type], attrs: BatchMatmulAttrs) -> Type | 
         )
     dtype = same_dtype([x.dtype, y.dtype], attrs)
     return TensorType((batch, m, n), attrs.out_dtype or dtype)
-
-
-register_nn_op("nn.batch_matmul", "batched matrix product; y is (B, N, K) by default (transpose_b), as TVM",
-               [("x", "(B, M, K), or (B, K, M) with transpose_a"), ("y", "(B, N, K), or (B, K, N) if not transpose_b")],
-               _batch_matmul_rel, _matmul_ref, OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=BatchMatmulAttrs,
-               level=10)
-register_compute("nn.batch_matmul", _matmul_compute)
-
-
-def batch_matmul(x: Expr, y: Expr, transpose_a: bool = False, transpose_b: bool = True, out_dtype: Any = None) -> Call:
-    """Batched matrix product, TVM's convention (y transposed by default).
-
-    Args:
-        x: (B, M, K), or (B, K, M) with transpose_a.
-        y: (B, N, K) with transpose_b (the default), or (B, K, N).
-        transpose_a: whether x is given transposed.
-        transpose_b: whether y is given transposed.
-        out_dtype: the output dtype; None for the input's.
-
-    Returns:
-        The call of nn.batch_matmul: (B, M, N); a batch of 1 broadcasts.
-    """
-    return call("nn.batch_matmul", [x, y], BatchMatmulAttrs.make(
-        "nn.batch_matmul", transpose_a=transpose_a, transpose_b=transpose_b, out_dtype=out_dtype
-    ))
 
 
 # --- CPU implementations: register-tiled products -------------------------------------------------
@@ -424,6 +350,99 @@ def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: 
     inner.vectorize(axes[-1])
 
 
-for _op in ("nn.dense", "nn.matmul", "nn.batch_matmul"):
-    register_implementation(_op, _product_compute, _schedule_product, name="tiled", target="llvm",
-                            dtypes=("float32", "float64"), priority=10)
+# --- nn.dense, nn.matmul, nn.batch_matmul: declarations and constructors --------------------------
+
+
+(register_op("nn.dense").describe("data @ weight.T: (..., K) x (N, K) -> (..., N)")
+    .add_argument("data", "Tensor", "the input, (..., K)")
+    .add_argument("weight", "Tensor", "the weight, (N, K)")
+    .set_attrs_type(DenseAttrs)
+    .add_type_rel("Dense", _dense_rel)
+    .set_support_level(1)
+    .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
+    .set_attr(attr.FReference, _dense_ref)
+    .set_attr(attr.FCompute, _dense_compute)
+    .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
+                        dtypes=("float32", "float64"), priority=10))
+
+
+@constructor("nn.dense")
+def dense(data: Expr, weight: Expr, units: int | None = None, out_dtype: Any = None) -> Call:
+    """A fully connected layer without bias: data @ weight.T.
+
+    Args:
+        data: the input, (..., K).
+        weight: the weight, (N, K).
+        units: N, checked against the weight.
+        out_dtype: the output dtype; None for the input's.
+
+    Returns:
+        The call of nn.dense.
+    """
+    return call("nn.dense", [data, weight], DenseAttrs.make("nn.dense", units=units, out_dtype=out_dtype))
+
+
+(register_op("nn.matmul").describe("matrix product of the last two dims, batch dims broadcast as numpy.matmul")
+    .add_argument("tensor_a", "Tensor", "(..., M, K), or (..., K, M) with transpose_a")
+    .add_argument("tensor_b", "Tensor", "(..., K, N), or (..., N, K) with transpose_b")
+    .set_attrs_type(MatmulAttrs)
+    .add_type_rel("Matmul", _matmul_rel)
+    .set_support_level(1)
+    .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
+    .set_attr(attr.FReference, _matmul_ref)
+    .set_attr(attr.FCompute, _matmul_compute)
+    .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
+                        dtypes=("float32", "float64"), priority=10))
+
+
+@constructor("nn.matmul")
+def matmul(
+    tensor_a: Expr, tensor_b: Expr, transpose_a: bool = False, transpose_b: bool = False, out_dtype: Any = None
+) -> Call:
+    """Matrix product, numpy.matmul style, with optional transposes of the last two dims.
+
+    Args:
+        tensor_a: (..., M, K), or (..., K, M) with transpose_a.
+        tensor_b: (..., K, N), or (..., N, K) with transpose_b.
+        transpose_a: whether tensor_a is given transposed.
+        transpose_b: whether tensor_b is given transposed.
+        out_dtype: the output dtype; None for the input's.
+
+    Returns:
+        The call of nn.matmul.
+    """
+    return call("nn.matmul", [tensor_a, tensor_b], MatmulAttrs.make(
+        "nn.matmul", transpose_a=transpose_a, transpose_b=transpose_b, out_dtype=out_dtype
+    ))
+
+
+(register_op("nn.batch_matmul").describe("batched matrix product; y is (B, N, K) by default (transpose_b), as TVM")
+    .add_argument("x", "Tensor", "(B, M, K), or (B, K, M) with transpose_a")
+    .add_argument("y", "Tensor", "(B, N, K), or (B, K, N) if not transpose_b")
+    .set_attrs_type(BatchMatmulAttrs)
+    .add_type_rel("BatchMatmul", _batch_matmul_rel)
+    .set_support_level(10)
+    .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
+    .set_attr(attr.FReference, _matmul_ref)
+    .set_attr(attr.FCompute, _matmul_compute)
+    .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
+                        dtypes=("float32", "float64"), priority=10))
+
+
+@constructor("nn.batch_matmul")
+def batch_matmul(x: Expr, y: Expr, transpose_a: bool = False, transpose_b: bool = True, out_dtype: Any = None) -> Call:
+    """Batched matrix product, TVM's convention (y transposed by default).
+
+    Args:
+        x: (B, M, K), or (B, K, M) with transpose_a.
+        y: (B, N, K) with transpose_b (the default), or (B, K, N).
+        transpose_a: whether x is given transposed.
+        transpose_b: whether y is given transposed.
+        out_dtype: the output dtype; None for the input's.
+
+    Returns:
+        The call of nn.batch_matmul: (B, M, N); a batch of 1 broadcasts.
+    """
+    return call("nn.batch_matmul", [x, y], BatchMatmulAttrs.make(
+        "nn.batch_matmul", transpose_a=transpose_a, transpose_b=transpose_b, out_dtype=out_dtype
+    ))

@@ -1,8 +1,9 @@
 """Normalization ops of the `relay.nn` namespace: nn.batch_norm and nn.layer_norm.
 
-Each op is registered in one chain: description, arguments, attrs, relation,
-pattern, numpy reference; its te compute and its Python constructor sit next to
-it. The constructors are re-exported by `kiln.relay.op.nn`, so users write
+Each op is declared in one `register_op` chain (description, arguments, attrs,
+relation, pattern, numpy reference, compute) after the functions it names; its
+Python constructor follows, checked against it (`@constructor`). The
+constructors are re-exported by `kiln.relay.op.nn`, so users write
 `relay.nn.batch_norm(...)` as in TVM.
 """
 
@@ -16,7 +17,7 @@ import numpy as np
 from kiln import te
 from kiln.ir.attrs import Attrs, FieldError, bool_value, int_range
 from kiln.ir.types import Dim, TensorType, Type
-from kiln.registry import OpPattern
+from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import (
     Array,
@@ -28,9 +29,8 @@ from kiln.relay.op._nn_util import (
     tuple_type,
     without,
 )
-from kiln.relay.op._reg import register_nn_op
+from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
-from kiln.relay.op._schedule import register_compute
 from kiln.tir.expr import PrimExpr
 
 # --- nn.batch_norm, nn.layer_norm -----------------------------------------------------------------
@@ -97,13 +97,6 @@ def _batch_norm_ref(
     return out.astype(x.dtype), mean.copy(), var.copy()
 
 
-register_nn_op("nn.batch_norm", "(x - mean) / sqrt(var + eps) * gamma + beta per channel; returns (out, mean, var)",
-               [("data", "the input"), ("gamma", "scale per channel: (C,)"), ("beta", "shift per channel: (C,)"),
-                ("moving_mean", "running mean per channel: (C,)"),
-                ("moving_var", "running variance per channel: (C,)")],
-               _batch_norm_rel, _batch_norm_ref, OpPattern.OPAQUE, attrs_type=BatchNormAttrs, level=1)
-
-
 def _scale_shift(out: PrimExpr, c: PrimExpr, gamma: te.Tensor, beta: te.Tensor,
                  attrs: BatchNormAttrs | LayerNormAttrs) -> PrimExpr:
     """out * gamma[c] + beta[c], each part as the scale and center attrs ask."""
@@ -130,9 +123,22 @@ def _batch_norm_compute(attrs: BatchNormAttrs, inputs: list[te.Tensor], out_type
     ]
 
 
-register_compute("nn.batch_norm", _batch_norm_compute)
+(register_op("nn.batch_norm")
+    .describe("(x - mean) / sqrt(var + eps) * gamma + beta per channel; returns (out, mean, var)")
+    .add_argument("data", "Tensor", "the input")
+    .add_argument("gamma", "Tensor", "scale per channel: (C,)")
+    .add_argument("beta", "Tensor", "shift per channel: (C,)")
+    .add_argument("moving_mean", "Tensor", "running mean per channel: (C,)")
+    .add_argument("moving_var", "Tensor", "running variance per channel: (C,)")
+    .set_attrs_type(BatchNormAttrs)
+    .add_type_rel("BatchNorm", _batch_norm_rel)
+    .set_support_level(1)
+    .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+    .set_attr(attr.FReference, _batch_norm_ref)
+    .set_attr(attr.FCompute, _batch_norm_compute))
 
 
+@constructor("nn.batch_norm")
 def batch_norm(
     data: Expr, gamma: Expr, beta: Expr, moving_mean: Expr, moving_var: Expr,
     axis: int = 1, epsilon: float = 1e-5, center: bool = True, scale: bool = True,
@@ -178,11 +184,6 @@ def _layer_norm_ref(attrs: LayerNormAttrs, x: Array, gamma: Array, beta: Array) 
     return np.asarray(out).astype(x.dtype)
 
 
-register_nn_op("nn.layer_norm", "(x - mean) / sqrt(var + epsilon) * gamma + beta, statistics taken along axis",
-               [("data", "the input"), ("gamma", "scale, (data.shape[axis],)"), ("beta", "shift, (data.shape[axis],)")],
-               _layer_norm_rel, _layer_norm_ref, OpPattern.OPAQUE, attrs_type=LayerNormAttrs, level=1)
-
-
 def _layer_norm_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     """Two reductions along the axis (the sum, then the sum of squared deviations), then the normalization."""
     x, gamma, beta = inputs
@@ -209,9 +210,20 @@ def _layer_norm_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out_type
     return [te.compute(shape, normalize, name="layer_norm")]
 
 
-register_compute("nn.layer_norm", _layer_norm_compute)
+(register_op("nn.layer_norm")
+    .describe("(x - mean) / sqrt(var + epsilon) * gamma + beta, statistics taken along axis")
+    .add_argument("data", "Tensor", "the input")
+    .add_argument("gamma", "Tensor", "scale, (data.shape[axis],)")
+    .add_argument("beta", "Tensor", "shift, (data.shape[axis],)")
+    .set_attrs_type(LayerNormAttrs)
+    .add_type_rel("LayerNorm", _layer_norm_rel)
+    .set_support_level(1)
+    .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+    .set_attr(attr.FReference, _layer_norm_ref)
+    .set_attr(attr.FCompute, _layer_norm_compute))
 
 
+@constructor("nn.layer_norm")
 def layer_norm(
     data: Expr, gamma: Expr, beta: Expr, axis: int = -1, epsilon: float = 1e-5, center: bool = True, scale: bool = True
 ) -> Call:

@@ -1,8 +1,9 @@
 """Pooling ops of the `relay.nn` namespace: nn.max_pool2d, nn.avg_pool2d and the global pools.
 
-Each op is registered in one chain: description, arguments, attrs, relation,
-pattern, numpy reference; its te compute and its Python constructor sit next
-to it. The constructors are re-exported by `kiln.relay.op.nn`, so users write
+Each op is declared in one `register_op` chain (description, arguments, attrs,
+relation, pattern, numpy reference, compute, CPU schedule) after the functions
+it names; its Python constructor follows, checked against it (`@constructor`).
+The constructors are re-exported by `kiln.relay.op.nn`, so users write
 `relay.nn.max_pool2d(...)`.
 
 Output sizes follow `kiln.relay.op.conv.window_out_size`: with ``ceil_mode``
@@ -21,12 +22,12 @@ import numpy as np
 from kiln import te
 from kiln.ir.attrs import Attrs, bool_value, one_of
 from kiln.ir.types import Dim, TensorType, Type
-from kiln.registry import OpPattern
+from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import accumulator, static_shape, tensor_shape
-from kiln.relay.op._reg import register_nn_op
+from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import tensor_args
-from kiln.relay.op._schedule import register_compute, schedule_injective_stage
+from kiln.relay.op._schedule import schedule_injective_stage
 from kiln.relay.op.conv import (
     DATA_AXES,
     from_nchw,
@@ -250,20 +251,18 @@ def _schedule_pool(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Seq
             schedule_injective_stage(sch, t)
 
 
-def _register_pool(name: str, description: str, attrs_type: type, reference: Callable[..., Array],
-                   compute: Callable[..., list[te.Tensor]]) -> None:
-    register_nn_op(name, description,
-                   [("data", "the input, NCHW or NHWC")],
-                   _pool2d_rel, reference, OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=attrs_type, level=2)
-    register_compute(name, compute, schedule=_schedule_pool)
+(register_op("nn.max_pool2d").describe("the maximum over each 2-D window")
+    .add_argument("data", "Tensor", "the input, NCHW or NHWC")
+    .set_attrs_type(MaxPool2DAttrs)
+    .add_type_rel("MaxPool2d", _pool2d_rel)
+    .set_support_level(2)
+    .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
+    .set_attr(attr.FReference, _max_pool2d_ref)
+    .set_attr(attr.FCompute, _max_pool2d_compute)
+    .set_attr(attr.FSchedule["llvm"], _schedule_pool))
 
 
-_register_pool("nn.max_pool2d", "the maximum over each 2-D window", MaxPool2DAttrs, _max_pool2d_ref,
-               _max_pool2d_compute)
-_register_pool("nn.avg_pool2d", "the mean over each 2-D window", AvgPool2DAttrs, _avg_pool2d_ref,
-               _avg_pool2d_compute)
-
-
+@constructor("nn.max_pool2d")
 def max_pool2d(
     data: Expr,
     pool_size: Any = (1, 1),
@@ -293,6 +292,18 @@ def max_pool2d(
     ))
 
 
+(register_op("nn.avg_pool2d").describe("the mean over each 2-D window")
+    .add_argument("data", "Tensor", "the input, NCHW or NHWC")
+    .set_attrs_type(AvgPool2DAttrs)
+    .add_type_rel("AvgPool2d", _pool2d_rel)
+    .set_support_level(2)
+    .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
+    .set_attr(attr.FReference, _avg_pool2d_ref)
+    .set_attr(attr.FCompute, _avg_pool2d_compute)
+    .set_attr(attr.FSchedule["llvm"], _schedule_pool))
+
+
+@constructor("nn.avg_pool2d")
 def avg_pool2d(
     data: Expr,
     pool_size: Any = (1, 1),
@@ -382,18 +393,23 @@ def _global_compute(mean: bool) -> Callable[[GlobalPool2DAttrs, list[te.Tensor],
     return compute
 
 
-_GLOBAL_POOLS: list[tuple[str, str, Callable[..., Any], bool]] = [
-    ("nn.global_avg_pool2d", "the mean over all of H and W", np.mean, True),
-    ("nn.global_max_pool2d", "the maximum over all of H and W", np.max, False),
+_GLOBAL_POOLS: list[tuple[str, str, str, Callable[..., Any], bool]] = [
+    ("nn.global_avg_pool2d", "the mean over all of H and W", "GlobalAvgPool2d", np.mean, True),
+    ("nn.global_max_pool2d", "the maximum over all of H and W", "GlobalMaxPool2d", np.max, False),
 ]
-for _name, _doc, _reduce, _mean in _GLOBAL_POOLS:
-    register_nn_op(_name, _doc,
-                   [("data", "the input, NCHW or NHWC")],
-                   _global_pool2d_rel, _global_ref(_reduce),
-                   OpPattern.OUT_ELEMWISE_FUSABLE, attrs_type=GlobalPool2DAttrs, level=2)
-    register_compute(_name, _global_compute(_mean), schedule=_schedule_pool)
+for _name, _doc, _rel_name, _reduce, _mean in _GLOBAL_POOLS:
+    (register_op(_name).describe(_doc)
+        .add_argument("data", "Tensor", "the input, NCHW or NHWC")
+        .set_attrs_type(GlobalPool2DAttrs)
+        .add_type_rel(_rel_name, _global_pool2d_rel)
+        .set_support_level(2)
+        .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
+        .set_attr(attr.FReference, _global_ref(_reduce))
+        .set_attr(attr.FCompute, _global_compute(_mean))
+        .set_attr(attr.FSchedule["llvm"], _schedule_pool))
 
 
+@constructor("nn.global_avg_pool2d")
 def global_avg_pool2d(data: Expr, layout: str = "NCHW") -> Call:
     """The mean over each channel's whole H x W plane.
 
@@ -407,6 +423,7 @@ def global_avg_pool2d(data: Expr, layout: str = "NCHW") -> Call:
     return call("nn.global_avg_pool2d", [data], GlobalPool2DAttrs.make("nn.global_avg_pool2d", layout=layout))
 
 
+@constructor("nn.global_max_pool2d")
 def global_max_pool2d(data: Expr, layout: str = "NCHW") -> Call:
     """The maximum over each channel's whole H x W plane.
 

@@ -3,9 +3,10 @@
 Every reduction takes `axis` (None for all axes, or a tuple of axes; negative
 axes count from the end), `keepdims` (keep each reduced axis as a dim of 1) and
 `exclude` (reduce over every axis *not* in `axis`), with TVM's meaning. Each
-op is registered in one chain (description, argument, attrs, relation,
-pattern, numpy reference) followed by its te compute; its Python constructor
-sits next to it.
+op is declared in one `register_op` chain (description, argument, attrs,
+relation, pattern, numpy reference, compute, schedule) after the functions it
+names, in a loop over its family's table; its Python constructor follows,
+checked against it (`@constructor`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import Op, OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import accumulator
+from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
-from kiln.relay.op._schedule import register_compute, schedule_reduce
+from kiln.relay.op._schedule import schedule_reduce
 from kiln.target import Target
 from kiln.te.ops import Reducer
 from kiln.tir import expr as tx
@@ -179,6 +181,10 @@ def _extent(d: PrimExpr) -> int:
     return d.value
 
 
+def _static(out_type: TensorType) -> tuple[int, ...]:
+    return tuple(d for d in out_type.shape if isinstance(d, int))
+
+
 def _input_index(
     ndim: int, axes: Sequence[int], keepdims: bool, out_index: Sequence[PrimExpr], rvs: Sequence[PrimExpr]
 ) -> tuple[PrimExpr, ...]:
@@ -234,29 +240,6 @@ def _reduce_reference(fn: Callable[..., Any]) -> Callable[[ReduceAttrs, Array], 
     return reference
 
 
-_REDUCE: list[tuple[str, str, Callable[..., Any], bool, bool]] = [
-    # name, description, numpy function, numeric only, refuses empty axes
-    ("sum", "the sum of the elements over the given axes", np.sum, True, False),
-    ("mean", "the mean of the elements over the given axes", np.mean, True, False),
-    ("max", "the largest element over the given axes", np.max, False, True),
-    ("min", "the smallest element over the given axes", np.min, False, True),
-    ("prod", "the product of the elements over the given axes", np.prod, True, False),
-]
-
-for _name, _doc, _fn, _numeric, _nonempty in _REDUCE:
-    (
-        register_op(_name)
-        .describe(_doc)
-        .set_num_inputs(1)
-        .add_argument("data", "Tensor", "the tensor to reduce")
-        .set_attrs_type(ReduceAttrs)
-        .add_type_rel("Reduce", _make_relation(_name, _numeric, _nonempty))
-        .set_support_level(_LEVEL)
-        .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
-        .set_attr(attr.FReference, _reduce_reference(_fn))
-    )
-
-
 def _reduce_compute(kind: str) -> Callable[[ReduceAttrs, list[te.Tensor], TensorType], list[te.Tensor]]:
     def compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
         (x,) = inputs
@@ -268,10 +251,6 @@ def _reduce_compute(kind: str) -> Callable[[ReduceAttrs, list[te.Tensor], Tensor
 
     compute.__name__ = compute.__qualname__ = f"{kind}_compute"
     return compute
-
-
-def _static(out_type: TensorType) -> tuple[int, ...]:
-    return tuple(d for d in out_type.shape if isinstance(d, int))
 
 
 def _mean_compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
@@ -286,22 +265,44 @@ def _mean_compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorT
     return [te.compute(shape, lambda *i: te.cast(total[i] / n, dtype), name="T_mean")]
 
 
-for _name in ("max", "min"):
-    register_compute(_name, _reduce_compute(_name))
-for _name in ("sum", "prod"):  # two stages for narrow floats: the float32 sum, then the cast
-    register_compute(_name, _reduce_compute(_name), schedule=_schedule_two_stage)
-register_compute("mean", _mean_compute, schedule=_schedule_two_stage)
+_REDUCE: list[tuple[str, str, Callable[..., Any], bool, bool, Callable[..., Any], Callable[..., None] | None]] = [
+    # name, description, numpy function, numeric only, refuses empty axes, compute, CPU schedule (None: the
+    # pattern's); sum and prod of narrow floats in two stages: the float32 sum, then the cast
+    ("sum", "the sum of the elements over the given axes", np.sum, True, False, _reduce_compute("sum"),
+     _schedule_two_stage),
+    ("mean", "the mean of the elements over the given axes", np.mean, True, False, _mean_compute,
+     _schedule_two_stage),
+    ("max", "the largest element over the given axes", np.max, False, True, _reduce_compute("max"), None),
+    ("min", "the smallest element over the given axes", np.min, False, True, _reduce_compute("min"), None),
+    ("prod", "the product of the elements over the given axes", np.prod, True, False, _reduce_compute("prod"),
+     _schedule_two_stage),
+]
+
+for _name, _doc, _fn, _numeric, _nonempty, _compute, _schedule in _REDUCE:
+    _entry = (
+        register_op(_name)
+        .describe(_doc)
+        .add_argument("data", "Tensor", "the tensor to reduce")
+        .set_attrs_type(ReduceAttrs)
+        .add_type_rel("Reduce", _make_relation(_name, _numeric, _nonempty))
+        .set_support_level(_LEVEL)
+        .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
+        .set_attr(attr.FReference, _reduce_reference(_fn))
+        .set_attr(attr.FCompute, _compute)
+    )
+    if _schedule is not None:  # max and min: the pattern's schedule
+        _entry.set_attr(attr.FSchedule["llvm"], _schedule)
 
 
 def _make_reduce(name: str) -> Callable[..., Call]:
-    def constructor(
+    def fn(
         data: Expr, axis: int | Sequence[int] | None = None, keepdims: bool = False, exclude: bool = False
     ) -> Call:
         return call(name, [data], ReduceAttrs.make(name, axis=axis, keepdims=keepdims, exclude=exclude))
 
-    constructor.__name__ = constructor.__qualname__ = name
+    fn.__name__ = fn.__qualname__ = name
     description = Op.get(name).description
-    constructor.__doc__ = f"""{name}(data, axis=None, keepdims=False, exclude=False): {description}.
+    fn.__doc__ = f"""{name}(data, axis=None, keepdims=False, exclude=False): {description}.
 
     Args:
         data: the tensor to reduce.
@@ -312,7 +313,7 @@ def _make_reduce(name: str) -> Callable[..., Call]:
     Returns:
         The call of `{name}`.
     """
-    return constructor
+    return constructor(name)(fn)
 
 
 sum = _make_reduce("sum")
@@ -339,23 +340,6 @@ def _arg_reference(fn: Callable[..., Any]) -> Callable[[ArgReduceAttrs, Array], 
 
     reference.__name__ = reference.__qualname__ = f"{getattr(fn, '__name__', 'arg')}_reference"
     return reference
-
-
-for _name, _doc, _fn in [
-    ("argmax", "the index of the largest element along an axis (int32)", np.argmax),
-    ("argmin", "the index of the smallest element along an axis (int32)", np.argmin),
-]:
-    (
-        register_op(_name)
-        .describe(_doc)
-        .set_num_inputs(1)
-        .add_argument("data", "Tensor", "the tensor to search")
-        .set_attrs_type(ArgReduceAttrs)
-        .add_type_rel("ArgReduce", _make_relation(_name, numeric=False, nonempty=True, out_dtype="int32"))
-        .set_support_level(_LEVEL)
-        .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
-        .set_attr(attr.FReference, _arg_reference(_fn))
-    )
 
 
 def _arg_compute(kind: str) -> Callable[[ArgReduceAttrs, list[te.Tensor], TensorType], list[te.Tensor]]:
@@ -390,10 +374,33 @@ def _arg_compute(kind: str) -> Callable[[ArgReduceAttrs, list[te.Tensor], Tensor
     return compute
 
 
-register_compute("argmax", _arg_compute("max"), schedule=_schedule_two_stage)
-register_compute("argmin", _arg_compute("min"), schedule=_schedule_two_stage)
+for _name, _doc, _fn, _kind in [
+    ("argmax", "the index of the largest element along an axis (int32)", np.argmax, "max"),
+    ("argmin", "the index of the smallest element along an axis (int32)", np.argmin, "min"),
+]:
+    (
+        register_op(_name)
+        .describe(_doc)
+        .add_argument("data", "Tensor", "the tensor to search")
+        .set_attrs_type(ArgReduceAttrs)
+        .add_type_rel("ArgReduce", _make_relation(_name, numeric=False, nonempty=True, out_dtype="int32"))
+        .set_support_level(_LEVEL)
+        .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
+        .set_attr(attr.FReference, _arg_reference(_fn))
+        .set_attr(attr.FCompute, _arg_compute(_kind))
+        .set_attr(attr.FSchedule["llvm"], _schedule_two_stage)
+    )
 
 
+def _arg_attrs(
+    name: str, axis: int | Sequence[int] | None, keepdims: bool, exclude: bool, select_last_index: bool
+) -> ArgReduceAttrs:
+    return ArgReduceAttrs.make(
+        name, axis=axis, keepdims=keepdims, exclude=exclude, select_last_index=select_last_index
+    )
+
+
+@constructor("argmax")
 def argmax(
     data: Expr,
     axis: int | Sequence[int] | None = None,
@@ -416,6 +423,7 @@ def argmax(
     return call("argmax", [data], _arg_attrs("argmax", axis, keepdims, exclude, select_last_index))
 
 
+@constructor("argmin")
 def argmin(
     data: Expr,
     axis: int | Sequence[int] | None = None,
@@ -436,11 +444,3 @@ def argmin(
         The call of `argmin`.
     """
     return call("argmin", [data], _arg_attrs("argmin", axis, keepdims, exclude, select_last_index))
-
-
-def _arg_attrs(
-    name: str, axis: int | Sequence[int] | None, keepdims: bool, exclude: bool, select_last_index: bool
-) -> ArgReduceAttrs:
-    return ArgReduceAttrs.make(
-        name, axis=axis, keepdims=keepdims, exclude=exclude, select_last_index=select_last_index
-    )

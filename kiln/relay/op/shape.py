@@ -3,11 +3,12 @@ broadcast_to, nn.batch_flatten, tile; and the creation ops full, zeros, ones,
 zeros_like, ones_like, shape_of, arange. (split, strided_slice and take live in
 `indexing.py`; they are re-exported here, where they have always been imported from.)
 
-Each op is registered in one chain (description, arguments, attrs, relation,
-support level, pattern, numpy reference), its te compute right after it; its
-Python constructor sits next to them. Ops that join several tensors (concatenate,
-stack) take ONE argument, a tuple, as in TVM; their numpy reference receives it
-as a tuple of arrays; their compute receives the tuple's tensors as its inputs.
+Each op is declared in one `register_op` chain (description, arguments, attrs,
+relation, support level, pattern, numpy reference, compute) after the functions
+it names; its Python constructor follows, checked against it (`@constructor`).
+Ops that join several tensors (concatenate, stack) take ONE argument, a tuple,
+as in TVM; their numpy reference receives it as a tuple of arrays; their
+compute receives the tuple's tensors as its inputs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from kiln.ir.dtype import DataType
 from kiln.ir.types import ANY, Dim, TensorType, Type, dim_add, dim_div, dim_mul, dim_prod
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, Tuple, call, const
+from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import (
     RelationError,
     identity_shape,
@@ -45,7 +47,6 @@ from kiln.relay.op._rel import (
     tensor_args,
     tuple_of_tensors,
 )
-from kiln.relay.op._schedule import register_compute
 from kiln.relay.op.indexing import DATA_ARG as _DATA
 from kiln.relay.op.indexing import Array, Shape, clamp, static_shape, unravel
 from kiln.relay.op.indexing import SplitAttrs as SplitAttrs
@@ -207,13 +208,14 @@ def _reshape_ref(attrs: ReshapeAttrs, x: Array) -> Array:
 
 
 (register_op("reshape").describe("the elements in row-major order, in a new shape (0 copies a dim, -1 is inferred)")
-    .set_num_inputs(1).add_argument(*_DATA).set_attrs_type(ReshapeAttrs)
+    .add_argument(*_DATA).set_attrs_type(ReshapeAttrs)
     .add_type_rel("Reshape", shape_relation(_reshape_shape))
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, _reshape_ref))
-register_compute("reshape", _reshape_compute)
+    .set_attr(attr.FReference, _reshape_ref)
+    .set_attr(attr.FCompute, _reshape_compute))
 
 
+@constructor("reshape")
 def reshape(data: Expr, newshape: int | Sequence[int], allowzero: bool = False) -> Call:
     """`data` in shape `newshape`, where a 0 copies the input dim at that position and one -1 is inferred.
 
@@ -243,13 +245,6 @@ def _transpose_shape(shapes: list[Shape], attrs: TransposeAttrs) -> Shape:
     return tuple(shape[a] for a in _check_axes(attrs.axes, len(shape)))
 
 
-(register_op("transpose").describe("permutes the dims")
-    .set_num_inputs(1).add_argument(*_DATA).set_attrs_type(TransposeAttrs)
-    .add_type_rel("Transpose", shape_relation(_transpose_shape))
-    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, lambda attrs, x: np.transpose(x, attrs.axes)))
-
-
 def _transpose_compute(attrs: TransposeAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x = inputs[0]
     axes = list(range(x.ndim))[::-1] if attrs.axes is None else _check_axes(attrs.axes, x.ndim)
@@ -263,9 +258,15 @@ def _transpose_compute(attrs: TransposeAttrs, inputs: list[te.Tensor], out_type:
     return [te.compute(static_shape(out_type), element, name="transpose")]
 
 
-register_compute("transpose", _transpose_compute)
+(register_op("transpose").describe("permutes the dims")
+    .add_argument(*_DATA).set_attrs_type(TransposeAttrs)
+    .add_type_rel("Transpose", shape_relation(_transpose_shape))
+    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, lambda attrs, x: np.transpose(x, attrs.axes))
+    .set_attr(attr.FCompute, _transpose_compute))
 
 
+@constructor("transpose")
 def transpose(data: Expr, axes: Sequence[int] | None = None) -> Call:
     """`data` with its dims permuted: output dim i is input dim `axes[i]`; None reverses them."""
     return call("transpose", [data], TransposeAttrs.make("transpose", axes=axes))
@@ -295,13 +296,14 @@ def _squeeze_shape(shapes: list[Shape], attrs: SqueezeAttrs) -> Shape:
 
 
 (register_op("squeeze").describe("removes dims of size 1")
-    .set_num_inputs(1).add_argument(*_DATA).set_attrs_type(SqueezeAttrs)
+    .add_argument(*_DATA).set_attrs_type(SqueezeAttrs)
     .add_type_rel("Squeeze", shape_relation(_squeeze_shape))
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, lambda attrs, x: np.squeeze(x, axis=attrs.axis)))
-register_compute("squeeze", _reshape_compute)
+    .set_attr(attr.FReference, lambda attrs, x: np.squeeze(x, axis=attrs.axis))
+    .set_attr(attr.FCompute, _reshape_compute))
 
 
+@constructor("squeeze")
 def squeeze(data: Expr, axis: int | Sequence[int] | None = None) -> Call:
     """`data` without the dims of size 1 in `axis` (None: without every dim of size 1)."""
     return call("squeeze", [data], SqueezeAttrs.make("squeeze", axis=axis))
@@ -327,13 +329,14 @@ def _expand_dims_ref(attrs: ExpandDimsAttrs, x: Array) -> Array:
 
 
 (register_op("expand_dims").describe("inserts num_newaxis dims of size 1 at axis")
-    .set_num_inputs(1).add_argument(*_DATA).set_attrs_type(ExpandDimsAttrs)
+    .add_argument(*_DATA).set_attrs_type(ExpandDimsAttrs)
     .add_type_rel("ExpandDims", shape_relation(_expand_dims_shape))
     .set_support_level(1).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, _expand_dims_ref))
-register_compute("expand_dims", _reshape_compute)
+    .set_attr(attr.FReference, _expand_dims_ref)
+    .set_attr(attr.FCompute, _reshape_compute))
 
 
+@constructor("expand_dims")
 def expand_dims(data: Expr, axis: int, num_newaxis: int = 1) -> Call:
     """`data` with `num_newaxis` dims of size 1 inserted at `axis` (in [-ndim-1, ndim])."""
     return call("expand_dims", [data], ExpandDimsAttrs.make("expand_dims", axis=axis, num_newaxis=num_newaxis))
@@ -368,13 +371,6 @@ def _concatenate_rel(arg_types: list[Type], attrs: AxisAttrs) -> Type | None:
     return TensorType(tuple(dims), fields[0].dtype)
 
 
-(register_op("concatenate").describe("joins a tuple of tensors along an existing axis")
-    .set_num_inputs(1).add_argument("data", "Tuple", "the tensors (same rank and dtype; equal dims off the axis)")
-    .set_attrs_type(AxisAttrs).add_type_rel("Concatenate", _concatenate_rel)
-    .set_support_level(1).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, lambda attrs, xs: np.concatenate(xs, axis=attrs.axis)))
-
-
 def _concatenate_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     axis = normalize_axis(attrs.axis, inputs[0].ndim)
     pieces: list[tuple[te.Tensor, int, int]] = []  # (tensor, first output index on the axis, its size)
@@ -403,9 +399,15 @@ def _concatenate_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Ty
     return [te.compute(shape, element, name="concatenate")]
 
 
-register_compute("concatenate", _concatenate_compute)
+(register_op("concatenate").describe("joins a tuple of tensors along an existing axis")
+    .add_argument("data", "Tuple", "the tensors (same rank and dtype; equal dims off the axis)")
+    .set_attrs_type(AxisAttrs).add_type_rel("Concatenate", _concatenate_rel)
+    .set_support_level(1).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, lambda attrs, xs: np.concatenate(xs, axis=attrs.axis))
+    .set_attr(attr.FCompute, _concatenate_compute))
 
 
+@constructor("concatenate")
 def concatenate(data: Expr | Sequence[Expr], axis: int = 0) -> Call:
     """The tensors in `data` (a list, or a tuple-typed expression) joined along `axis`."""
     return call("concatenate", [_as_tuple(data)], AxisAttrs.make("concatenate", axis=axis))
@@ -418,13 +420,6 @@ def _stack_rel(arg_types: list[Type], attrs: AxisAttrs) -> Type | None:
     dims = _fields_alike(fields, "stack")
     at = _insert_axis(attrs.axis, len(dims), "stack")
     return TensorType((*dims[:at], len(fields), *dims[at:]), fields[0].dtype)
-
-
-(register_op("stack").describe("joins a tuple of tensors of one shape along a new axis")
-    .set_num_inputs(1).add_argument("data", "Tuple", "the tensors (same shape and dtype)")
-    .set_attrs_type(AxisAttrs).add_type_rel("Stack", _stack_rel)
-    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, lambda attrs, xs: np.stack(xs, axis=attrs.axis)))
 
 
 def _stack_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
@@ -441,9 +436,15 @@ def _stack_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type) ->
     return [te.compute(shape, element, name="stack")]
 
 
-register_compute("stack", _stack_compute)
+(register_op("stack").describe("joins a tuple of tensors of one shape along a new axis")
+    .add_argument("data", "Tuple", "the tensors (same shape and dtype)")
+    .set_attrs_type(AxisAttrs).add_type_rel("Stack", _stack_rel)
+    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, lambda attrs, xs: np.stack(xs, axis=attrs.axis))
+    .set_attr(attr.FCompute, _stack_compute))
 
 
+@constructor("stack")
 def stack(data: Expr | Sequence[Expr], axis: int = 0) -> Call:
     """The tensors in `data` (a list, or a tuple-typed expression) joined along a new axis `axis`."""
     return call("stack", [_as_tuple(data)], AxisAttrs.make("stack", axis=axis))
@@ -472,13 +473,6 @@ def _broadcast_to_shape(shapes: list[Shape], attrs: ShapeAttrs) -> Shape:
     return target
 
 
-(register_op("broadcast_to").describe("the input broadcast (numpy rules) to a given shape")
-    .set_num_inputs(1).add_argument(*_DATA).set_attrs_type(ShapeAttrs)
-    .add_type_rel("BroadcastTo", shape_relation(_broadcast_to_shape))
-    .set_support_level(4).set_attr(attr.TOpPattern, OpPattern.BROADCAST)
-    .set_attr(attr.FReference, lambda attrs, x: np.array(np.broadcast_to(x, attrs.shape))))
-
-
 def _broadcast_to_compute(attrs: ShapeAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x, shape = inputs[0], static_shape(out_type)
     dims = static_shape(x)
@@ -490,9 +484,15 @@ def _broadcast_to_compute(attrs: ShapeAttrs, inputs: list[te.Tensor], out_type: 
     return [te.compute(shape, element, name="broadcast_to")]
 
 
-register_compute("broadcast_to", _broadcast_to_compute)
+(register_op("broadcast_to").describe("the input broadcast (numpy rules) to a given shape")
+    .add_argument(*_DATA).set_attrs_type(ShapeAttrs)
+    .add_type_rel("BroadcastTo", shape_relation(_broadcast_to_shape))
+    .set_support_level(4).set_attr(attr.TOpPattern, OpPattern.BROADCAST)
+    .set_attr(attr.FReference, lambda attrs, x: np.array(np.broadcast_to(x, attrs.shape)))
+    .set_attr(attr.FCompute, _broadcast_to_compute))
 
 
+@constructor("broadcast_to")
 def broadcast_to(data: Expr, shape: Sequence[int]) -> Call:
     """`data` broadcast to `shape` with numpy's rules."""
     return call("broadcast_to", [data], ShapeAttrs.make("broadcast_to", shape=shape))
@@ -506,13 +506,14 @@ def _batch_flatten_shape(shapes: list[Shape], attrs: Any) -> Shape:
 
 
 (register_op("nn.batch_flatten").describe("flattens all dims but the first: (N, d1, d2, ...) -> (N, d1*d2*...)")
-    .set_num_inputs(1).add_argument("data", "Tensor", "the input, batch first")
+    .add_argument("data", "Tensor", "the input, batch first")
     .add_type_rel("BatchFlatten", shape_relation(_batch_flatten_shape))
     .set_support_level(1).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, lambda attrs, x: np.reshape(x, (x.shape[0], math.prod(x.shape[1:])))))
-register_compute("nn.batch_flatten", _reshape_compute)
+    .set_attr(attr.FReference, lambda attrs, x: np.reshape(x, (x.shape[0], math.prod(x.shape[1:]))))
+    .set_attr(attr.FCompute, _reshape_compute))
 
 
+@constructor("nn.batch_flatten")
 def batch_flatten(data: Expr) -> Call:
     """`data` of shape (N, d1, d2, ...) as (N, d1*d2*...); relay.nn.batch_flatten."""
     return call("nn.batch_flatten", [data])
@@ -536,13 +537,6 @@ def _tile_shape(shapes: list[Shape], attrs: TileAttrs) -> Shape:
     return tuple(dim_mul(d, r) for d, r in zip(padded, reps_padded, strict=True))
 
 
-(register_op("tile").describe("repeats the whole tensor along each dim (numpy.tile)")
-    .set_num_inputs(1).add_argument(*_DATA).set_attrs_type(TileAttrs)
-    .add_type_rel("Tile", shape_relation(_tile_shape))
-    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
-    .set_attr(attr.FReference, lambda attrs, x: np.tile(x, attrs.reps)))
-
-
 def _tile_compute(attrs: TileAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x, shape = inputs[0], static_shape(out_type)
     dims = static_shape(x)
@@ -557,9 +551,15 @@ def _tile_compute(attrs: TileAttrs, inputs: list[te.Tensor], out_type: Type) -> 
     return [te.compute(shape, element, name="tile")]
 
 
-register_compute("tile", _tile_compute)
+(register_op("tile").describe("repeats the whole tensor along each dim (numpy.tile)")
+    .add_argument(*_DATA).set_attrs_type(TileAttrs)
+    .add_type_rel("Tile", shape_relation(_tile_shape))
+    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, lambda attrs, x: np.tile(x, attrs.reps))
+    .set_attr(attr.FCompute, _tile_compute))
 
 
+@constructor("tile")
 def tile(data: Expr, reps: int | Sequence[int]) -> Call:
     """`data` repeated `reps[i]` times along dim i (reps aligned to the last dims, as numpy.tile)."""
     return call("tile", [data], TileAttrs.make("tile", reps=reps))
@@ -590,13 +590,6 @@ def _full_ref(attrs: FullAttrs, value: Array) -> Array:
     return np.full(attrs.shape, value, dtype=attrs.dtype.numpy() if attrs.dtype else value.dtype)
 
 
-(register_op("full").describe("a tensor of a given shape filled with a scalar")
-    .set_num_inputs(1).add_argument("fill_value", "Tensor", "the value (a rank-0 tensor)")
-    .set_attrs_type(FullAttrs).add_type_rel("Full", _full_rel)
-    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
-    .set_attr(attr.FReference, _full_ref))
-
-
 def _full_compute(attrs: FullAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     value = inputs[0]
     assert isinstance(out_type, TensorType)
@@ -604,9 +597,15 @@ def _full_compute(attrs: FullAttrs, inputs: list[te.Tensor], out_type: Type) -> 
     return [te.compute(static_shape(out_type), lambda *i: te.cast(value[()], dtype), name="full")]
 
 
-register_compute("full", _full_compute)
+(register_op("full").describe("a tensor of a given shape filled with a scalar")
+    .add_argument("fill_value", "Tensor", "the value (a rank-0 tensor)")
+    .set_attrs_type(FullAttrs).add_type_rel("Full", _full_rel)
+    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
+    .set_attr(attr.FReference, _full_ref)
+    .set_attr(attr.FCompute, _full_compute))
 
 
+@constructor("full")
 def full(fill_value: Expr | float, shape: Sequence[int], dtype: Any = None) -> Call:
     """A tensor of `shape` and `dtype` (None: fill_value's) filled with `fill_value` (rank-0, or a number)."""
     full_attrs = FullAttrs.make("full", shape=shape, dtype=dtype)
@@ -636,31 +635,35 @@ for _name, _fill in [("zeros", 0), ("ones", 1)]:
     (register_op(_name).describe(f"a tensor of a given shape and dtype filled with {_fill}")
         .set_num_inputs(0).set_attrs_type(InitAttrs).add_type_rel("InitOp", _init_rel)
         .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
-        .set_attr(attr.FReference, lambda attrs, _fill=_fill: np.full(attrs.shape, _fill, attrs.dtype.numpy())))
+        .set_attr(attr.FReference, lambda attrs, _fill=_fill: np.full(attrs.shape, _fill, attrs.dtype.numpy()))
+        .set_attr(attr.FCompute, lambda attrs, inputs, out_type, _fill=_fill: _fill_compute(_fill, out_type)))
     (register_op(f"{_name}_like").describe(f"a tensor of the input's shape and dtype filled with {_fill}")
-        .set_num_inputs(1).add_argument("data", "Tensor", "the tensor whose shape and dtype the output takes")
+        .add_argument("data", "Tensor", "the tensor whose shape and dtype the output takes")
         .add_type_rel("Identity", shape_relation(identity_shape, same_dtype))
         .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
-        .set_attr(attr.FReference, lambda attrs, x, _fill=_fill: np.full_like(x, _fill)))
-    register_compute(_name, lambda attrs, inputs, out_type, _fill=_fill: _fill_compute(_fill, out_type))
-    register_compute(f"{_name}_like", lambda attrs, inputs, out_type, _fill=_fill: _fill_compute(_fill, out_type))
+        .set_attr(attr.FReference, lambda attrs, x, _fill=_fill: np.full_like(x, _fill))
+        .set_attr(attr.FCompute, lambda attrs, inputs, out_type, _fill=_fill: _fill_compute(_fill, out_type)))
 
 
+@constructor("zeros")
 def zeros(shape: Sequence[int], dtype: Any = "float32") -> Call:
     """A tensor of `shape` and `dtype` filled with 0."""
     return call("zeros", [], InitAttrs.make("zeros", shape=shape, dtype=dtype))
 
 
+@constructor("ones")
 def ones(shape: Sequence[int], dtype: Any = "float32") -> Call:
     """A tensor of `shape` and `dtype` filled with 1."""
     return call("ones", [], InitAttrs.make("ones", shape=shape, dtype=dtype))
 
 
+@constructor("zeros_like")
 def zeros_like(data: Expr) -> Call:
     """0 in the shape and dtype of `data`."""
     return call("zeros_like", [data])
 
 
+@constructor("ones_like")
 def ones_like(data: Expr) -> Call:
     """1 in the shape and dtype of `data`."""
     return call("ones_like", [data])
@@ -685,13 +688,6 @@ def _shape_of_rel(arg_types: list[Type], attrs: ShapeOfAttrs) -> Type | None:
     return None if tensors is None else TensorType((tensors[0].ndim,), attrs.dtype)
 
 
-(register_op("shape_of").describe("the shape of a tensor, as a 1-d integer tensor")
-    .set_num_inputs(1).add_argument(*_DATA).set_attrs_type(ShapeOfAttrs)
-    .add_type_rel("ShapeOf", _shape_of_rel)
-    .set_support_level(10).set_attr(attr.TOpPattern, OpPattern.OPAQUE)
-    .set_attr(attr.FReference, lambda attrs, x: np.array(x.shape, dtype=attrs.dtype.numpy())))
-
-
 def _shape_of_compute(attrs: ShapeOfAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     dims, dtype = static_shape(inputs[0]), str(attrs.dtype)
 
@@ -704,9 +700,15 @@ def _shape_of_compute(attrs: ShapeOfAttrs, inputs: list[te.Tensor], out_type: Ty
     return [te.compute(static_shape(out_type), element, name="shape_of")]
 
 
-register_compute("shape_of", _shape_of_compute)
+(register_op("shape_of").describe("the shape of a tensor, as a 1-d integer tensor")
+    .add_argument(*_DATA).set_attrs_type(ShapeOfAttrs)
+    .add_type_rel("ShapeOf", _shape_of_rel)
+    .set_support_level(10).set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+    .set_attr(attr.FReference, lambda attrs, x: np.array(x.shape, dtype=attrs.dtype.numpy()))
+    .set_attr(attr.FCompute, _shape_of_compute))
 
 
+@constructor("shape_of")
 def shape_of(data: Expr, dtype: Any = "int32") -> Call:
     """The shape of `data` as a 1-d tensor of `dtype`."""
     return call("shape_of", [data], ShapeOfAttrs.make("shape_of", dtype=dtype))
@@ -743,12 +745,6 @@ def _arange_ref(attrs: ArangeAttrs) -> Array:
     return (attrs.start + np.arange(attrs.length, dtype=np.float64) * attrs.step).astype(attrs.dtype.numpy())
 
 
-(register_op("arange").describe("evenly spaced values start, start + step, ... up to stop (excluded)")
-    .set_num_inputs(0).set_attrs_type(ArangeAttrs).add_type_rel("Arange", _arange_rel)
-    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.OPAQUE)
-    .set_attr(attr.FReference, _arange_ref))
-
-
 def _arange_compute(attrs: ArangeAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     start, step = te.const(float(attrs.start), "float64"), te.const(float(attrs.step), "float64")
     dtype = str(attrs.dtype)
@@ -759,9 +755,14 @@ def _arange_compute(attrs: ArangeAttrs, inputs: list[te.Tensor], out_type: Type)
     return [te.compute(static_shape(out_type), element, name="arange")]
 
 
-register_compute("arange", _arange_compute)
+(register_op("arange").describe("evenly spaced values start, start + step, ... up to stop (excluded)")
+    .set_num_inputs(0).set_attrs_type(ArangeAttrs).add_type_rel("Arange", _arange_rel)
+    .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+    .set_attr(attr.FReference, _arange_ref)
+    .set_attr(attr.FCompute, _arange_compute))
 
 
+@constructor("arange")
 def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any = "float32") -> Call:
     """Values `start, start + step, ...` up to `stop` (excluded) as `dtype`; `arange(n)` is `arange(0, n)`."""
     if stop is None:

@@ -1,8 +1,11 @@
 """Elementwise and broadcasting ops: negative ... erf, clip, cast; add ... where.
 
-Each op is registered in one chain: description, arguments, attrs, relation,
-pattern, numpy reference, and te compute (scheduled by the generic schedule of
-its pattern); its Python constructor sits next to it.
+Each op is declared in one `register_op` chain (description, arguments, attrs,
+relation, pattern, numpy reference, and te compute, scheduled by the generic
+schedule of its pattern) after the functions it names; the unary and binary
+math families through `register_unary` / `register_binary`, which build that
+chain for each row of their table. Its Python constructor follows, checked
+against it (`@constructor`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from kiln.ir.attrs import Attrs, float_value, to_dtype
 from kiln.ir.dtype import DataType
 from kiln.registry import Op, OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
-from kiln.relay.op._reg import elementwise_compute, register_binary, register_unary
+from kiln.relay.op._reg import constructor, elementwise_compute, register_binary, register_unary
 from kiln.relay.op._rel import (
     DTypeRule,
     RelationError,
@@ -29,7 +32,6 @@ from kiln.relay.op._rel import (
     same_dtype,
     tensor_args,
 )
-from kiln.relay.op._schedule import register_compute
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 
@@ -116,6 +118,33 @@ for _name, _doc, _fn, _rule, _te in _UNARY:
     register_unary(_name, _doc, _unary(_fn), _rule, te_expr=_te)
 
 
+def _make_unary(name: str) -> Callable[[Expr], Call]:
+    def fn(data: Expr) -> Call:
+        return call(name, [data])
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"{name}(data): {Op.get(name).description}."
+    return constructor(name)(fn)
+
+
+negative = _make_unary("negative")
+abs = _make_unary("abs")  # relay.abs, as in TVM
+exp = _make_unary("exp")
+log = _make_unary("log")
+sqrt = _make_unary("sqrt")
+rsqrt = _make_unary("rsqrt")
+sigmoid = _make_unary("sigmoid")
+tanh = _make_unary("tanh")
+erf = _make_unary("erf")
+floor = _make_unary("floor")
+ceil = _make_unary("ceil")
+round = _make_unary("round")  # relay.round, as in TVM
+sign = _make_unary("sign")
+sin = _make_unary("sin")
+cos = _make_unary("cos")
+logical_not = _make_unary("logical_not")
+
+
 def _floor_divide(a: Any, b: Any) -> Any:
     return np.floor_divide(a, b) if np.issubdtype(np.asarray(a).dtype, np.integer) else np.floor(a / b)
 
@@ -127,6 +156,13 @@ def _power(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     # as numpy's integer power does (numpy refuses negative exponents)
     exact = te.pow(te.cast(a, "float64"), te.cast(b, "float64"))
     return te.cast(te.cast(exact, "int64"), a.dtype)
+
+
+def _c_divide(a: Any, b: Any) -> Any:
+    a, b = np.asarray(a), np.asarray(b)
+    if np.issubdtype(a.dtype, np.integer):
+        return np.trunc(a / b).astype(a.dtype)
+    return a / b
 
 
 # tir's `/` truncates integers (as C), `//` and `%` floor them (as Python and numpy)
@@ -153,15 +189,36 @@ _BINARY: list[tuple[str, str, Callable[..., Any], DTypeRule, str | None, TeExpr]
 ]
 
 
-def _c_divide(a: Any, b: Any) -> Any:
-    a, b = np.asarray(a), np.asarray(b)
-    if np.issubdtype(a.dtype, np.integer):
-        return np.trunc(a / b).astype(a.dtype)
-    return a / b
-
-
 for _name, _doc, _fn, _rule, _out, _te in _BINARY:
     register_binary(_name, _doc, _binary(_fn, _out), _rule, te_expr=_te)
+
+
+def _make_binary(name: str) -> Callable[[Expr, Expr], Call]:
+    def fn(lhs: Expr, rhs: Expr) -> Call:
+        return call(name, [lhs, rhs])
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"{name}(lhs, rhs): {Op.get(name).description}."
+    return constructor(name)(fn)
+
+
+add = _make_binary("add")
+subtract = _make_binary("subtract")
+multiply = _make_binary("multiply")
+divide = _make_binary("divide")
+power = _make_binary("power")
+maximum = _make_binary("maximum")
+minimum = _make_binary("minimum")
+floor_divide = _make_binary("floor_divide")
+floor_mod = _make_binary("floor_mod")
+equal = _make_binary("equal")
+not_equal = _make_binary("not_equal")
+less = _make_binary("less")
+less_equal = _make_binary("less_equal")
+greater = _make_binary("greater")
+greater_equal = _make_binary("greater_equal")
+logical_and = _make_binary("logical_and")
+logical_or = _make_binary("logical_or")
 
 
 # --- clip ------------------------------------------------------------------------
@@ -181,12 +238,6 @@ class ClipAttrs(Attrs):
             raise FieldError("a_max", f"a number >= a_min ({self.a_min})", self.a_max)
 
 
-register_unary(
-    "clip", "x limited to [a_min, a_max]",
-    lambda attrs, x: np.clip(x, attrs.a_min, attrs.a_max).astype(x.dtype), _numeric, ClipAttrs,
-)
-
-
 def _clip_expr(attrs: ClipAttrs, x: PrimExpr) -> PrimExpr:
     if tx.is_float(x.dtype):
         return tx.min_(tx.max_(x, tx.const(attrs.a_min, x.dtype)), tx.const(attrs.a_max, x.dtype))
@@ -198,9 +249,14 @@ def _clip_expr(attrs: ClipAttrs, x: PrimExpr) -> PrimExpr:
     return tx.select(x > tx.const(math.floor(hi), x.dtype), tx.const(int(hi), x.dtype), low)
 
 
-register_compute("clip", elementwise_compute(_clip_expr, "clip"))
+register_unary(
+    "clip", "x limited to [a_min, a_max]",
+    lambda attrs, x: np.clip(x, attrs.a_min, attrs.a_max).astype(x.dtype), _numeric, ClipAttrs,
+    compute=elementwise_compute(_clip_expr, "clip"),
+)
 
 
+@constructor("clip")
 def clip(data: Expr, a_min: float, a_max: float) -> Call:
     """x limited to [a_min, a_max]."""
     return call("clip", [data], ClipAttrs.make("clip", a_min=a_min, a_max=a_max))
@@ -228,19 +284,17 @@ def _cast_rel(arg_types: list[Any], attrs: CastAttrs) -> Any:
 (
     register_op("cast")
     .describe("converts the elements to another dtype")
-    .set_num_inputs(1)
     .add_argument("data", "Tensor", "the input")
     .set_attrs_type(CastAttrs)
     .add_type_rel("Cast", _cast_rel)
     .set_support_level(1)
     .set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
     .set_attr(attr.FReference, lambda attrs, x: x.astype(attrs.dtype.numpy()))
+    .set_attr(attr.FCompute, elementwise_compute(lambda attrs, x: te.cast(x, str(attrs.dtype)), "cast"))
 )
 
 
-register_compute("cast", elementwise_compute(lambda attrs, x: te.cast(x, str(attrs.dtype)), "cast"))
-
-
+@constructor("cast")
 def cast(data: Expr, dtype: Any) -> Call:
     """data converted to `dtype`."""
     return call("cast", [data], CastAttrs.make("cast", dtype=dtype))
@@ -266,7 +320,6 @@ def _where_rel(arg_types: list[Any], attrs: Any) -> Any:
 (
     register_op("where")
     .describe("x where cond is true, else y, with broadcasting")
-    .set_num_inputs(3)
     .add_argument("condition", "Tensor", "bool selector")
     .add_argument("x", "Tensor", "values where true")
     .add_argument("y", "Tensor", "values where false")
@@ -274,69 +327,11 @@ def _where_rel(arg_types: list[Any], attrs: Any) -> Any:
     .set_support_level(1)
     .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
     .set_attr(attr.FReference, lambda attrs, c, x, y: np.where(c, x, y))
+    .set_attr(attr.FCompute, elementwise_compute(lambda attrs, c, x, y: te.select(c, x, y), "where"))
 )
 
 
-register_compute("where", elementwise_compute(lambda attrs, c, x, y: te.select(c, x, y), "where"))
-
-
+@constructor("where")
 def where(condition: Expr, x: Expr, y: Expr) -> Call:
     """x where condition is true, else y."""
     return call("where", [condition, x, y])
-
-
-# --- constructors of the table-driven ops ---------------------------------------------
-
-
-def _make_unary(name: str) -> Callable[[Expr], Call]:
-    def constructor(data: Expr) -> Call:
-        return call(name, [data])
-
-    constructor.__name__ = constructor.__qualname__ = name
-    constructor.__doc__ = f"{name}(data): {Op.get(name).description}."
-    return constructor
-
-
-def _make_binary(name: str) -> Callable[[Expr, Expr], Call]:
-    def constructor(lhs: Expr, rhs: Expr) -> Call:
-        return call(name, [lhs, rhs])
-
-    constructor.__name__ = constructor.__qualname__ = name
-    constructor.__doc__ = f"{name}(lhs, rhs): {Op.get(name).description}."
-    return constructor
-
-
-negative = _make_unary("negative")
-abs = _make_unary("abs")  # relay.abs, as in TVM
-exp = _make_unary("exp")
-log = _make_unary("log")
-sqrt = _make_unary("sqrt")
-rsqrt = _make_unary("rsqrt")
-sigmoid = _make_unary("sigmoid")
-tanh = _make_unary("tanh")
-erf = _make_unary("erf")
-floor = _make_unary("floor")
-ceil = _make_unary("ceil")
-round = _make_unary("round")  # relay.round, as in TVM
-sign = _make_unary("sign")
-sin = _make_unary("sin")
-cos = _make_unary("cos")
-logical_not = _make_unary("logical_not")
-
-add = _make_binary("add")
-subtract = _make_binary("subtract")
-multiply = _make_binary("multiply")
-divide = _make_binary("divide")
-power = _make_binary("power")
-maximum = _make_binary("maximum")
-minimum = _make_binary("minimum")
-floor_divide = _make_binary("floor_divide")
-floor_mod = _make_binary("floor_mod")
-equal = _make_binary("equal")
-not_equal = _make_binary("not_equal")
-less = _make_binary("less")
-less_equal = _make_binary("less_equal")
-greater = _make_binary("greater")
-greater_equal = _make_binary("greater_equal")
-logical_and = _make_binary("logical_and")
-logical_or = _make_binary("logical_or")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kiln.ir import graph
 from kiln.ir.module import IRModule
 from kiln.ir.transform import ModulePass, PassContext, PassError, register_config
 from kiln.ir.types import TensorType, TupleType, Type
@@ -91,18 +92,7 @@ def _operands(node: Expr) -> tuple[Expr, ...]:
 
 
 def _post_order(root: Expr) -> list[Expr]:
-    out: list[Expr] = []
-    seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            out.append(node)
-        elif id(node) not in seen:
-            seen.add(id(node))
-            stack.append((node, True))
-            stack.extend((c, False) for c in reversed(_operands(node)) if id(c) not in seen)
-    return out
+    return graph.post_order([root], _operands)
 
 
 def _is_tensor(e: Expr) -> bool:
