@@ -290,3 +290,23 @@ def test_a_chain_of_2000_lets_builds_without_recursion() -> None:
     for _ in lets:
         want = want + np.float32(0.5)
     np.testing.assert_allclose(build(relay.Function([x], body)).create_executor()(x=data), want, rtol=1e-6)
+
+
+def test_the_walk_to_kernel_values_flattens_tuples_and_names_what_it_cannot_lower() -> None:
+    from kiln.relay.backend.te_compiler import flat_values
+
+    x, y = relay.var("x", shape=(2,)), relay.var("y", shape=(3,))
+    pair = relay.Tuple([relay.exp(x), relay.Tuple([x, y])])
+    func = relay.infer_type(relay.Function([x, y], relay.Tuple([relay.TupleGetItem(pair, 1), pair])))
+    names = {id(x): ["x"], id(y): ["y"]}
+    body = flat_values(func, lambda p: names[id(p)], lambda c: ["c"], lambda call, ins: [f"exp({ins[0]})"],
+                       BuildError, "main")
+    assert body == ["x", "y", "exp(x)", "x", "y"]
+    v = relay.var("v", shape=(2,))
+    with pytest.raises(BuildError, match="free variable 'v' in main"):
+        flat_values(relay.Function([x], relay.add(x, v)), lambda p: [0], lambda c: [1], lambda n, a: [2],
+                    BuildError, "main")
+    cond = relay.var("c", shape=(), dtype="bool")
+    with pytest.raises(BuildError, match="cannot lower a If in main"):
+        flat_values(relay.Function([cond, x], relay.If(cond, x, x)), lambda p: [0], lambda c: [1],
+                    lambda n, a: [2], BuildError, "main")

@@ -23,7 +23,7 @@ from kiln.ir.types import TensorType, Type
 from kiln.registry import Op
 from kiln.relay import expr as rx
 from kiln.relay import transform as t
-from kiln.relay.backend.te_compiler import CompiledKernel, compile_primitive, field_slice, tensor_types
+from kiln.relay.backend.te_compiler import CompiledKernel, compile_primitive, flat_values, tensor_types
 from kiln.relay.type_infer import infer_type
 from kiln.relay.visitor import ExprMutator, post_order
 from kiln.runtime.executor import MAX_ELEMENTS
@@ -146,59 +146,50 @@ class _GraphBuilder:
             self.kernels.append(kernel)
         return idx
 
+    def _input(self, p: rx.Var) -> list[int]:
+        if not isinstance(p.checked_type, TensorType):
+            raise BuildError(f"input {p.name_hint!r} has type {p.checked_type}; inputs must be tensors")
+        return [self._slot(p.checked_type, "input", p.name_hint)]
+
+    def _constant(self, node: rx.Constant) -> list[int]:
+        s = self._slot(node.type, "const")
+        self.constants[s] = np.array(node.data, copy=True)
+        return [s]
+
+    def _launch(self, node: rx.Call, ins: list[int]) -> list[int]:
+        """The slots of a call's results, and the launch of its kernel (none for empty results)."""
+        outs = self._temps(node.checked_type, _made_by(node))
+        if all(self.slots[s].nbytes == 0 for s in outs):  # empty results: nothing to compute
+            for s in outs:  # an empty value holds no data: a constant, so that it needs no buffer
+                slot = self.slots[s]
+                self.slots[s] = Slot(slot.shape, slot.dtype, "const", slot.name)
+                self.constants[s] = np.empty(slot.shape, numpy_dtype(slot.dtype))
+            return outs
+        fn = node.op if isinstance(node.op, rx.Function) else _wrap(node)
+        k = self._kernel(fn, len(self.launches))
+        const_slots = []
+        for c in self.kernels[k].constants:
+            s = self._slot(TensorType(c.shape, str(c.dtype)), "const")
+            self.constants[s] = c
+            const_slots.append(s)
+        self.launches.append(Launch(k, tuple(ins + const_slots), tuple(outs)))
+        return outs
+
     def build(self, func: rx.Function) -> Graph:
-        env: dict[int, list[int]] = {}
-        inputs = []
-        for p in func.params:
-            if not isinstance(p.checked_type, TensorType):
-                raise BuildError(f"input {p.name_hint!r} has type {p.checked_type}; inputs must be tensors")
-            env[id(p)] = [self._slot(p.checked_type, "input", p.name_hint)]
-            inputs.append(env[id(p)][0])
-        # main's own nodes: fused bodies are not walked, but a node they share with main (a constant) is kept
-        order = post_order(func.body, leaf=lambda n: isinstance(n, rx.Function))
-        nodes = [n for n in order if not isinstance(n, rx.Function)]
-        calls = sum(isinstance(n, rx.Call) for n in nodes)
+        calls = sum(isinstance(n, rx.Call) for n in post_order(func.body, leaf=lambda n: isinstance(n, rx.Function)))
         done = 0
-        for node in nodes:
-            if id(node) in env:
-                continue
-            if isinstance(node, rx.Var):
-                raise BuildError(f"free variable {node.name_hint!r} in main")
-            if isinstance(node, rx.Constant):
-                s = self._slot(node.type, "const")
-                self.constants[s] = np.array(node.data, copy=True)
-                env[id(node)] = [s]
-            elif isinstance(node, rx.Tuple):
-                env[id(node)] = [s for f in node.fields for s in env[id(f)]]
-            elif isinstance(node, rx.TupleGetItem):
-                env[id(node)] = env[id(node.tuple_value)][field_slice(node)]
-            elif isinstance(node, rx.Call):
-                outs = self._temps(node.checked_type, _made_by(node))
-                env[id(node)] = outs
-                done += 1
-                if all(self.slots[s].nbytes == 0 for s in outs):  # empty results: nothing to compute
-                    for s in outs:  # an empty value holds no data: a constant, so that it needs no buffer
-                        slot = self.slots[s]
-                        self.slots[s] = Slot(slot.shape, slot.dtype, "const", slot.name)
-                        self.constants[s] = np.empty(slot.shape, numpy_dtype(slot.dtype))
-                    if self.progress is not None:
-                        self.progress(done, calls)
-                    continue
-                fn = node.op if isinstance(node.op, rx.Function) else _wrap(node)
-                k = self._kernel(fn, len(self.launches))
-                ins = [s for a in node.args for s in env[id(a)]]
-                kernel = self.kernels[k]
-                const_slots = []
-                for c in kernel.constants:
-                    s = self._slot(TensorType(c.shape, str(c.dtype)), "const")
-                    self.constants[s] = c
-                    const_slots.append(s)
-                self.launches.append(Launch(k, tuple(ins + const_slots), tuple(outs)))
-                if self.progress is not None:
-                    self.progress(done, calls)
-            else:
-                raise BuildError(f"relay.build cannot compile a {type(node).__name__} in main yet")
-        outputs = env[id(func.body)]
+
+        def call(node: rx.Call, ins: list[int]) -> list[int]:
+            nonlocal done
+            outs = self._launch(node, ins)
+            done += 1
+            if self.progress is not None:
+                self.progress(done, calls)
+            return outs
+
+        inputs = [s for p in func.params for s in self._input(p)]
+        by_param = dict(zip((id(p) for p in func.params), inputs, strict=True))
+        outputs = flat_values(func, lambda p: [by_param[id(p)]], self._constant, call, BuildError, "main")
         for s in outputs:
             if self.slots[s].kind == "temp":
                 self.slots[s] = Slot(self.slots[s].shape, self.slots[s].dtype, "output", self.slots[s].name)

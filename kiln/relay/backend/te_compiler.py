@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -67,6 +67,47 @@ def field_slice(item: rx.TupleGetItem) -> slice:
     return slice(start, start + len(tensor_types(tt.fields[item.index], "a tuple field")))
 
 
+V = TypeVar("V")
+
+
+def flat_values(
+    func: rx.Function,
+    param: Callable[[rx.Var], list[V]],
+    constant: Callable[[rx.Constant], list[V]],
+    call: Callable[[rx.Call, list[V]], list[V]],
+    error: Callable[[str], Exception],
+    where: str,
+) -> list[V]:
+    """The one walk from Relay to kernel values: `func`'s body as one V per tensor it is made of.
+
+    A parameter or constant is what `param` / `constant` make of it; a tuple is
+    its fields' values in order (nested tuples flat); a TupleGetItem its
+    field's slice; a call `call(node, the values of its arguments)`. Function
+    values (the fused groups main calls) are not walked into. relay.build maps
+    main to buffer slots with it, lowering maps a fused group to te tensors.
+
+    Raises:
+        what `error(message)` makes, for a free variable or a node that cannot be lowered, naming `where`.
+    """
+    env: dict[int, list[V]] = {id(p): param(p) for p in func.params}
+    for node in post_order(func.body, leaf=lambda n: isinstance(n, rx.Function)):
+        if id(node) in env or isinstance(node, rx.Function):
+            continue
+        if isinstance(node, rx.Var):
+            raise error(f"free variable {node.name_hint!r} in {where}")
+        if isinstance(node, rx.Constant):
+            env[id(node)] = constant(node)
+        elif isinstance(node, rx.Tuple):
+            env[id(node)] = [v for f in node.fields for v in env[id(f)]]
+        elif isinstance(node, rx.TupleGetItem):
+            env[id(node)] = env[id(node.tuple_value)][field_slice(node)]
+        elif isinstance(node, rx.Call):
+            env[id(node)] = call(node, [v for a in node.args for v in env[id(a)]])
+        else:
+            raise error(f"cannot lower a {type(node).__name__} in {where}")
+    return env[id(func.body)]
+
+
 class _Lowerer:
     def __init__(self, func: rx.Function, target: Target) -> None:
         self.func = func
@@ -112,37 +153,32 @@ class _Lowerer:
         dtype = str(node.type.dtype)
         return te.compute(self._shape(node.type, "a constant"), lambda *i: te.const(value, dtype), name="const")
 
+    def _param(self, p: rx.Var) -> list[te.Tensor]:
+        # a tuple parameter (split's result read by a fused op) is one placeholder per field
+        tys = tensor_types(p.checked_type, f"parameter {p.name_hint}")
+        names = [p.name_hint] if len(tys) == 1 else [f"{p.name_hint}_{i}" for i in range(len(tys))]
+        return [self._placeholder(ty, n, f"parameter {p.name_hint}") for ty, n in zip(tys, names, strict=True)]
+
+    def _constant(self, node: rx.Constant) -> list[te.Tensor]:
+        if node.data.size == 1:
+            return [self._immediate(node)]
+        self.constants.append(np.array(node.data, copy=True))  # writeable, 0-d stays 0-d
+        return [self._placeholder(node.type, f"const{len(self.constants)}", "a constant")]
+
     def run(self) -> tuple[te.Schedule, list[te.Tensor], list[te.Tensor]]:
-        env: dict[int, list[te.Tensor]] = {}
-        for p in self.func.params:
-            # a tuple parameter (split's result read by a fused op) is one placeholder per field
-            tys = tensor_types(p.checked_type, f"parameter {p.name_hint}")
-            names = [p.name_hint] if len(tys) == 1 else [f"{p.name_hint}_{i}" for i in range(len(tys))]
-            where = f"parameter {p.name_hint}"
-            env[id(p)] = [self._placeholder(ty, n, where) for ty, n in zip(tys, names, strict=True)]
         anchor: tuple[OpPattern, Any, list[te.Tensor]] | None = None
-        for node in post_order(self.func.body):
-            if id(node) in env or isinstance(node, rx.Var):
-                if id(node) not in env:
-                    raise LoweringError(f"free variable {node} in a primitive function")
-                continue
-            if isinstance(node, rx.Constant) and node.data.size == 1:
-                env[id(node)] = [self._immediate(node)]
-            elif isinstance(node, rx.Constant):
-                self.constants.append(np.array(node.data, copy=True))  # writeable, 0-d stays 0-d
-                env[id(node)] = [self._placeholder(node.type, f"const{len(self.constants)}", "a constant")]
-            elif isinstance(node, rx.Tuple):
-                env[id(node)] = [t for f in node.fields for t in env[id(f)]]
-            elif isinstance(node, rx.TupleGetItem):
-                env[id(node)] = env[id(node.tuple_value)][field_slice(node)]
-            elif isinstance(node, rx.Call) and isinstance(node.op, Op):
-                outs, pattern, impl = self._call(node, [t for a in node.args for t in env[id(a)]])
-                env[id(node)] = outs
-                if anchor is None or pattern >= anchor[0]:
-                    anchor = (pattern, impl, outs)
-            else:
-                raise LoweringError(f"cannot lower a {type(node).__name__} inside a primitive function")
-        outs = self._distinct(env[id(self.func.body)])
+
+        def call(node: rx.Call, inputs: list[te.Tensor]) -> list[te.Tensor]:
+            nonlocal anchor
+            if not isinstance(node.op, Op):
+                raise LoweringError("cannot lower a call of a function value inside a primitive function")
+            outs, pattern, impl = self._call(node, inputs)
+            if anchor is None or pattern >= anchor[0]:
+                anchor = (pattern, impl, outs)
+            return outs
+
+        body = flat_values(self.func, self._param, self._constant, call, LoweringError, "a primitive function")
+        outs = self._distinct(body)
         sch = te.create_schedule(outs)
         out_ops = {id(t.op) for t in outs}
         if anchor is None or anchor[0] <= OpPattern.INJECTIVE:
