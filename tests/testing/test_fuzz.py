@@ -29,7 +29,7 @@ from kiln.testing import fuzz
 # Graphs with dims of size 0 are drawn: the executor runs them (empty values) since 86b157e.
 ZERO_DIMS = True
 DEFAULT_EXAMPLES = 200
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fuzz_long_seconds(config: pytest.Config) -> float:

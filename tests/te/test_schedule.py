@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import tir_interp
-from test_te import RNG, loops, rand, run
+from te_helpers import RNG, loops, rand, run
 
 import kiln
 from kiln import te, tir

@@ -1,6 +1,6 @@
 """The matrix products of kiln.relay.op.matmul (nn.dense, nn.matmul, nn.batch_matmul), compiled.
 
-Their relations and references are tested in test_op_nn.py; here each op goes
+Their relations and references are tested in test_nn.py; here each op goes
 through the lowering path (its compute and generic schedule, LLVM) and must
 agree with its numpy reference over a grid of shapes, transposes and dtypes.
 """

@@ -1,6 +1,6 @@
 """The pools of kiln.relay.op.pool (nn.max_pool2d, nn.avg_pool2d, the global pools), compiled.
 
-Their relations and references are tested in test_op_conv.py; here each op goes
+Their relations and references are tested in test_conv.py; here each op goes
 through the lowering path and must agree with its numpy reference over a grid
 of windows, strides, paddings, dilations, ceil_mode, divisor rules and layouts.
 """

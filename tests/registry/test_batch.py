@@ -199,7 +199,7 @@ def test_watchers_see_every_registration_with_its_outcome() -> None:
         ("register", "watch.a", None, None, "error"),
     ]
     assert events[0].registry == "op"
-    assert "test_registry_batches.py" in str(events[1].site)
+    assert "test_batch.py" in str(events[1].site)
     assert "set twice" in events[4].message
 
 

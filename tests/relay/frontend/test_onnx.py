@@ -447,7 +447,7 @@ def test_errors_show_names_that_are_not_utf8_escaped() -> None:
                     "bytes that are not UTF-8 are shown as \\xNN; rename them")
 
 
-# --- found by the mutation fuzzer (tests/test_onnx_fuzz.py) -------------------------------------------------
+# --- found by the mutation fuzzer (tests/relay/frontend/test_onnx_fuzz.py) ------------------------------
 
 
 def test_flag_attributes_are_0_or_1() -> None:

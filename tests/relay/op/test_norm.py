@@ -1,6 +1,6 @@
 """The normalizations of kiln.relay.op.norm (nn.batch_norm, nn.layer_norm), compiled.
 
-Their relations and references are tested in test_op_nn.py; here each op goes
+Their relations and references are tested in test_nn.py; here each op goes
 through the lowering path and must agree with its numpy reference, every output
 of batch_norm's tuple included.
 """

@@ -129,8 +129,8 @@ def test_same_plevel_twice_names_both_sites() -> None:
     with pytest.raises(DuplicateAttrError) as info:
         entry.set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     message = str(info.value)
-    assert f"test_registry.py:{first}" in message
-    assert f"test_registry.py:{second + 1}" in message
+    assert f"test_op.py:{first}" in message
+    assert f"test_op.py:{second + 1}" in message
     assert "TOpPattern" in message and "test.dup" in message and "plevel 10" in message
     assert Op.get("test.dup").get_attr(attr.TOpPattern) is OpPattern.ELEMWISE
 
@@ -261,7 +261,7 @@ def test_type_relation_order_does_not_matter() -> None:
 def test_metadata_cannot_be_silently_changed() -> None:
     entry = register_op("test.meta").describe("one thing")
     entry.describe("one thing")  # the same value again is fine
-    with pytest.raises(RegistryError, match="description is set to 'one thing' at .*test_registry.py"):
+    with pytest.raises(RegistryError, match="description is set to 'one thing' at .*test_op.py"):
         entry.describe("another thing")
     with pytest.raises(RegistryError, match="set_attrs_type expects an attrs class"):
         entry.set_attrs_type(dict)
@@ -274,7 +274,7 @@ def test_a_user_overrides_an_attribute_registered_elsewhere() -> None:
     _full_op("lib.relu")
     op = Op.get("lib.relu")
     site = registry.op_registry().slot(attr.TOpPattern, op)
-    assert site is not None and "test_registry.py" in str(site.site)
+    assert site is not None and "test_op.py" in str(site.site)
     # ... and a user replaces its compute from Python at a higher plevel.
     op.set_attr(attr.FCompute, lambda *a: "mine", plevel=20)
     op.set_attr(attr.TOpPattern, OpPattern.OPAQUE, plevel=20)
@@ -287,10 +287,10 @@ def test_registration_helpers_report_their_callers_line() -> None:
     line = _line()
     entry = register_op("test.site").set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
     slot = registry.op_registry().slot(attr.TOpPattern, Op.get("test.site"))
-    assert slot is not None and str(slot.site).endswith(f"test_registry.py:{line}")
+    assert slot is not None and str(slot.site).endswith(f"test_op.py:{line}")
     line = _line()
     entry.describe("where")
-    assert re.fullmatch(rf".*test_registry\.py:{line}", str(Op.get("test.site").meta.site_of("description")))
+    assert re.fullmatch(rf".*test_op\.py:{line}", str(Op.get("test.site").meta.site_of("description")))
 
 
 def test_ops_pickle_by_name() -> None:
@@ -309,8 +309,8 @@ def test_a_second_definition_of_an_op_names_both_sites() -> None:
     with pytest.raises(registry.OpAlreadyExistsError) as info:
         register_op("test.twice")
     message = str(info.value)
-    assert f"op 'test.twice' is defined twice: first at tests/test_registry.py:{first}" in message
-    assert f"again at tests/test_registry.py:{second + 1}" in message
+    assert f"op 'test.twice' is defined twice: first at tests/registry/test_op.py:{first}" in message
+    assert f"again at tests/registry/test_op.py:{second + 1}" in message
     assert "use Op.get('test.twice').set_attr(...)" in message
     with pytest.raises(registry.OpAlreadyExistsError, match=r"op 'nn.relu' is defined twice: first at "
                                                              r"kiln/relay/op/nn.py:\d+"):

@@ -10,7 +10,7 @@ values of their kind), initializers whose dims, dtype, values or raw bytes do
 not fit (or that hold nan, inf, zeros), graph inputs of another rank, shape or
 dtype, another opset, deleted nodes, new nodes inserted on existing values, byte
 flips in the serialized model. A case is (seed model, seed): `python
-tests/test_onnx_fuzz.py conv_bn_relu 17` replays one and prints what happened.
+tests/relay/frontend/test_onnx_fuzz.py conv_bn_relu 17` replays one and prints what happened.
 
 An outcome is good when
 - kiln raises a `KilnError` whose message names a node, an input, an output
@@ -55,10 +55,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the child runs this file as a script
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the child runs this file as a script
 from onnx_mutants import _onnx, case_at, gemm, mutated
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_SECONDS = 30.0
 CASE_TIMEOUT = 120.0  # seconds without a report from the child: the case hangs
 KILN_OK = "kiln-ok"
@@ -405,7 +405,7 @@ def _summary(ran: int, findings: list[dict[str, Any]], counts: dict[str, int]) -
     lines = [f"{ran} cases: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))]
     for f in findings:
         case = f.get("case")
-        replay = f"python tests/test_onnx_fuzz.py {case[0]} {case[1]}" if case else "(no case)"
+        replay = f"python tests/relay/frontend/test_onnx_fuzz.py {case[0]} {case[1]}" if case else "(no case)"
         lines.append(f"- {f['outcome']}: {replay}\n  mutations: {f.get('mutations')}\n  {f.get('detail', '')}")
     return "\n".join(lines)
 

@@ -10,7 +10,7 @@ Each case is imported with `from_onnx`, compiled with `relay.build` for the
 host CPU and run; outputs must match ONNX's expected outputs with the backend
 runner's tolerances. The cases listed in `onnx_known_failures.txt` (one
 `name  # reason` per line) are strict xfails: a case that starts passing fails
-the run until its line is removed. `python tests/test_onnx_backend.py` runs
+the run until its line is removed. `python tests/relay/frontend/test_onnx_backend.py` runs
 every case and prints the failing ones in that file's format.
 """
 

@@ -21,7 +21,7 @@ from kiln.errors import RegistryError
 from kiln.registry import Op, OpPattern, attr, op_registry, register_op
 from kiln.relay.op import constructor
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _file(site: object) -> str:

@@ -253,7 +253,7 @@ def test_every_op_with_a_compute_has_a_case() -> None:
     computes = Op.get_attr_map(attr.FCompute)
     ops = [name for name in Op.list_names() if Op.get(name) in computes]
     missing = [name for name in ops if name not in {c.op for c in CASES}]
-    assert not missing, f"ops with an FCompute but no case in CASES of tests/test_cuda_ops.py: {missing}"
+    assert not missing, f"ops with an FCompute but no case in CASES of tests/relay/op/test_cuda_ops.py: {missing}"
     assert len(BY_ID) == len(CASES), "two cases share an id: give one a label"
     assert set(HOST_RUN) <= set(BY_ID)
 
