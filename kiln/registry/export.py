@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from kiln.registry.attr import TypeRelation
+from kiln.registry.attr import Implementation, TypeRelation
 from kiln.registry.op import Op, op_registry
 
 
@@ -52,6 +52,12 @@ def describe_value(value: object) -> str:
     """Returns a short readable form of an attribute value: functions by qualified name."""
     if isinstance(value, TypeRelation):
         return f"TypeRelation {value.name} ({describe_value(value.fn)})"
+    if isinstance(value, Implementation):
+        dts = "any dtype" if value.dtypes is None else "/".join(sorted(value.dtypes))
+        label = f", label {value.label!r}" if value.label else ""
+        return (f"{value.name}: {describe_value(value.compute)} scheduled by "
+                f"{describe_value(value.schedule) if value.schedule else 'the target default'} "
+                f"({dts}{label}, priority {value.priority})")
     if isinstance(value, enum.Enum):
         return f"{type(value).__name__}.{value.name}"
     qualname = getattr(value, "__qualname__", None)
