@@ -100,15 +100,22 @@ _FRESH = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_strategy import DATA, loop_ir, plus, relu_lib, run, split_by_7
 
+    def show():
+        lib = relu_lib()
+        return str(round(float((run(lib) - np.maximum(DATA, 0)).max()), 3)) + " " + str("* 7" in loop_ir(lib))
+
     relu = Op.get("nn.relu")
     if sys.argv[1] == "compute":
         relu.set_attr(attr.FCompute, plus(1), plevel=20)
+        print(show(), "/", relu.reset_attr(attr.FCompute, plevel=20) and show())
     elif sys.argv[1] == "schedule":
         relu.set_attr(attr.FSchedule["llvm"], split_by_7, plevel=20)
+        print(show(), "/", relu.reset_attr(attr.FSchedule["llvm"], plevel=20) and show())
     elif sys.argv[1] == "implementation":
         register_implementation("nn.relu", plus(2), None, name="mine", priority=20)
-    lib = relu_lib()
-    print(round(float((run(lib) - np.maximum(DATA, 0)).max()), 3), "* 7" in loop_ir(lib))
+        print(show(), "/", relu.reset_attr(attr.FStrategy["*:mine"]) and show())
+    else:
+        print(show())
 """)
 
 
@@ -124,9 +131,10 @@ def test_overrides_are_built_in_a_fresh_process_whose_disk_cache_is_warm(tmp_pat
 
     assert fresh("none") == "0.0 False"  # relu's kernel is on disk now
     assert list((tmp_path / "cache").rglob("*.kobj"))
-    assert fresh("compute") == "1.0 False"
-    assert fresh("schedule") == "0.0 True"
-    assert fresh("implementation") == "2.0 False"
+    # each: the override's result, then relu again once the override is reset (in that fresh process)
+    assert fresh("compute") == "1.0 False / 0.0 False"
+    assert fresh("schedule") == "0.0 True / 0.0 False"
+    assert fresh("implementation") == "2.0 False / 0.0 False"
     assert fresh("none") == "0.0 False"
 
 
