@@ -1,23 +1,29 @@
-"""Expression rewriting and the small integer arithmetic that lowering needs.
+"""Expression rewriting, and the symbolic intervals that te's bound inference needs.
 
-`transform` / `substitute` rebuild expressions; `Lin` is an integer linear
-form (`sum(coeff * atom) + const`, where an atom is a variable or any
-non-linear sub-expression) used to cancel `io*4 + ii - io*4` into `ii`;
-`bound` gives symbolic lower and upper bounds of an expression when some
-variables range over intervals, for bound inference and for proving guards
-unnecessary. Everything is conservative: `None` means "cannot tell".
+`transform` / `substitute` rebuild expressions (te's `Reduce` included);
+`free_vars` and `loads` list what an expression uses.
+
+Integer arithmetic is tir's (`kiln.tir.simplify`): linear forms are its
+`Linear`, canonical expressions come from `Analyzer.expr_of`, and index
+expressions are simplified by `Analyzer.simplify`. What te adds on top is
+*symbolic* interval propagation: `bound` gives lower and upper bounds of an
+expression, as a pair of `Linear` forms, while some variables range over
+intervals whose ends may themselves be symbolic (`0 <= io <= (n + 15) // 16 - 1`),
+and `relax` applies it over a loop nest from the innermost loop out. tir's
+`Analyzer` only gives constant intervals, which is not enough to size a
+`compute_at` region in terms of the loops around it. Everything is
+conservative: `None` means "cannot tell".
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 
-import attrs
-
 from kiln.ir import graph
 from kiln.te.tensor import Reduce, children
 from kiln.tir import expr as tx
 from kiln.tir.expr import BufferLoad, PrimExpr, Var
+from kiln.tir.simplify import LINEAR_DTYPES, Analyzer, Linear
 
 # ---------------------------------------------------------------------------
 # Rewriting
@@ -106,211 +112,135 @@ def loads(e: PrimExpr) -> list[BufferLoad]:
 
 
 # ---------------------------------------------------------------------------
-# Linear forms
+# Symbolic intervals
 # ---------------------------------------------------------------------------
 
-
-def _key(e: PrimExpr) -> Hashable:
-    """A structural key: equal for expressions that print the same with the same variables."""
-    if isinstance(e, Var):
-        return ("var", e.uid)
-    if isinstance(e, (tx.IntImm, tx.FloatImm)):
-        return ("imm", e.dtype, e.value)
-    extra: Hashable = None
-    if isinstance(e, tx.Call):
-        extra = e.name
-    elif isinstance(e, BufferLoad):
-        extra = id(e.buffer)
-    return (type(e).__name__, e.dtype, extra, tuple(_key(c) for c in children(e)))
+SymInterval = tuple[Linear, Linear]  # inclusive [lo, hi], each end a tir linear form
 
 
-@attrs.frozen
-class Lin:
-    """`sum(coeff * atom for atom, coeff in terms) + const` over int32."""
+class _Ctx:
+    """One bounding question: the ranging variables, tir's analyzer, and the free variables of atoms met."""
 
-    terms: tuple[tuple[Hashable, PrimExpr, int], ...] = ()
-    const: int = 0
+    __slots__ = ("ana", "env", "fv")
 
-    @property
-    def is_const(self) -> bool:
-        """Whether there are no terms."""
-        return not self.terms
+    def __init__(self, env: Mapping[Var, SymInterval], ana: Analyzer | None) -> None:
+        self.env = env
+        self.ana = ana if ana is not None else Analyzer()
+        self.fv: dict[int, tuple[PrimExpr, frozenset[Var]]] = {}  # id of an atom -> (atom, its vars)
 
-    def scale(self, c: int) -> Lin:
-        """c * self."""
-        if c == 0:
-            return Lin()
-        return Lin(tuple((k, a, n * c) for k, a, n in self.terms), self.const * c)
-
-    def __add__(self, other: Lin | int) -> Lin:
-        if isinstance(other, int):
-            return Lin(self.terms, self.const + other)
-        acc: dict[Hashable, tuple[PrimExpr, int]] = {k: (a, n) for k, a, n in self.terms}
-        for k, a, n in other.terms:
-            old = acc.get(k)
-            acc[k] = (a, n + (old[1] if old else 0))
-        return Lin(tuple((k, a, n) for k, (a, n) in acc.items() if n != 0), self.const + other.const)
-
-    def __sub__(self, other: Lin | int) -> Lin:
-        if isinstance(other, int):
-            return self + (-other)
-        return self + other.scale(-1)
-
-    def to_expr(self) -> PrimExpr:
-        """The form as an expression: positive terms, then negative ones, then the constant."""
-        out: PrimExpr | None = None
-        for _, atom, n in sorted(self.terms, key=lambda t: t[2] < 0):
-            term = atom if abs(n) == 1 else atom * abs(n)
-            if out is None:
-                out = term if n > 0 else -term
-                continue
-            out = out + term if n > 0 else out - term
-        if out is None:
-            return tx.const(self.const)
-        if self.const > 0:
-            return out + self.const
-        if self.const < 0:
-            return out - (-self.const)
-        return out
+    def uses_env(self, atom: PrimExpr) -> bool:
+        if isinstance(atom, Var):
+            return atom in self.env
+        hit = self.fv.get(id(atom))
+        if hit is None:
+            hit = self.fv[id(atom)] = (atom, frozenset(free_vars(atom)))
+        return any(v in self.env for v in hit[1])
 
 
-def atom(e: PrimExpr) -> Lin:
-    """`e` as a single term."""
-    return Lin(((_key(e), e, 1),))
+def hull(ana: Analyzer, a: SymInterval | None, b: SymInterval | None) -> SymInterval | None:
+    """The smallest interval holding `a` and `b` (ends exact where tir can order them); None only if both are."""
+    if a is None or b is None:
+        return a or b
+    return ana.min_of(a[0], b[0]), ana.max_of(a[1], b[1])
 
 
-def linearize(e: PrimExpr) -> Lin | None:
-    """`e` as a linear form; None for non-integer expressions."""
-    if not tx.is_int(e.dtype) or e.dtype == "bool":
-        return None
-    if e.dtype != "int32":
-        return None
-    if isinstance(e, tx.IntImm):
-        return Lin((), e.value)
-    if isinstance(e, (tx.Add, tx.Sub)):
-        a, b = linearize(e.a), linearize(e.b)
-        if a is None or b is None:
-            return atom(e)
-        return a + b if isinstance(e, tx.Add) else a - b
-    if isinstance(e, tx.Mul):
-        a, b = linearize(e.a), linearize(e.b)
-        if a is not None and b is not None:
-            if b.is_const:
-                return a.scale(b.const)
-            if a.is_const:
-                return b.scale(a.const)
-        return atom(e)
-    return atom(e)
+def bound(e: PrimExpr, env: Mapping[Var, SymInterval], ana: Analyzer | None = None) -> SymInterval | None:
+    """Inclusive bounds of the integer expression `e` while each var of `env` ranges over its interval.
 
-
-def simplify(e: PrimExpr) -> PrimExpr:
-    """`e` with its linear part collected (`io*4 + ii - io*4` becomes `ii`); other expressions as they are."""
-    lin = linearize(e)
-    return e if lin is None else lin.to_expr()
-
-
-def lin_of(e: PrimExpr | int) -> Lin:
-    """The linear form of an int32 expression (an atom if it is not linear)."""
-    if isinstance(e, int):
-        return Lin((), e)
-    lin = linearize(e)
-    return lin if lin is not None else atom(e)
-
-
-def lin_min(a: Lin, b: Lin) -> Lin:
-    """min(a, b), exact when they differ by a constant."""
-    d = a - b
-    if d.is_const:
-        return a if d.const <= 0 else b
-    return atom(tx.min_(a.to_expr(), b.to_expr()))
-
-
-def lin_max(a: Lin, b: Lin) -> Lin:
-    """max(a, b), exact when they differ by a constant."""
-    d = a - b
-    if d.is_const:
-        return a if d.const >= 0 else b
-    return atom(tx.max_(a.to_expr(), b.to_expr()))
-
-
-# ---------------------------------------------------------------------------
-# Bounds
-# ---------------------------------------------------------------------------
-
-Interval = tuple[Lin, Lin]  # inclusive [lo, hi]
-
-
-def _uses(e: PrimExpr, env: Mapping[Var, Interval]) -> bool:
-    return any(v in env for v in free_vars(e))
-
-
-def bound(e: PrimExpr, env: Mapping[Var, Interval]) -> Interval | None:
-    """Inclusive bounds of the int32 expression `e` while each var of `env` ranges over its interval.
-
-    Variables not in `env` stay symbolic. Affine expressions, floor division and
-    modulo by positive constants, min and max are handled; anything else that
-    depends on a ranging variable gives None.
+    Variables not in `env` stay symbolic. `e` is taken as tir's linear form;
+    its atoms that use a ranging variable may be that variable, floor division
+    or modulo by a positive constant, min or max (or a product with a constant
+    range): anything else gives None. `ana` (with no variable bounds of its own)
+    builds the linear forms; a fresh one when not given.
     """
-    if not _uses(e, env):
-        lin = linearize(e)
-        return None if lin is None else (lin, lin)
-    if isinstance(e, Var):
-        return env[e]
-    if isinstance(e, (tx.Add, tx.Sub)):
-        a, b = bound(e.a, env), bound(e.b, env)
-        if a is None or b is None:
-            return None
-        if isinstance(e, tx.Add):
-            return a[0] + b[0], a[1] + b[1]
-        return a[0] - b[1], a[1] - b[0]
-    if isinstance(e, tx.Mul):
-        a, b = bound(e.a, env), bound(e.b, env)
-        if a is None or b is None:
-            return None
-        if b[0] == b[1] and b[0].is_const:
-            a, b = b, a
-        if a[0] == a[1] and a[0].is_const:
-            c = a[0].const
-            lo, hi = b[0].scale(c), b[1].scale(c)
-            return (lo, hi) if c >= 0 else (hi, lo)
+    return _bound_expr(e, _Ctx(env, ana))
+
+
+def _bound_expr(e: PrimExpr, ctx: _Ctx) -> SymInterval | None:
+    if e.dtype not in LINEAR_DTYPES:
         return None
+    return _bound_linear(ctx.ana.linear(e), ctx)
+
+
+def _bound_linear(lin: Linear, ctx: _Ctx) -> SymInterval | None:
+    """Bounds of a linear form: its atoms that use no ranging variable stay as they are."""
+    fixed: dict[Hashable, tuple[PrimExpr, int]] = {}
+    ranging: list[tuple[PrimExpr, int]] = []
+    for key, (atom, c) in lin.terms.items():
+        if ctx.uses_env(atom):
+            ranging.append((atom, c))
+        else:
+            fixed[key] = (atom, c)
+    if not ranging:
+        return lin, lin
+    lo = hi = Linear(lin.dtype, fixed, lin.const)
+    for atom, c in ranging:
+        b = _bound_atom(atom, ctx)
+        if b is None:
+            return None
+        lo, hi = (lo.add(b[0], c), hi.add(b[1], c)) if c > 0 else (lo.add(b[1], c), hi.add(b[0], c))
+    return lo, hi
+
+
+def _const_of(rng: SymInterval) -> int | None:
+    """The value of an interval that is a single constant, else None."""
+    lo, hi = rng
+    return lo.const if lo.is_const and hi.is_const and lo.const == hi.const else None
+
+
+def _bound_atom(e: PrimExpr, ctx: _Ctx) -> SymInterval | None:
+    """Bounds of an atom of a linear form that uses a ranging variable."""
+    ana = ctx.ana
+    if isinstance(e, Var):
+        return ctx.env[e]
+    if isinstance(e, tx.Mul):
+        a, b = _bound_expr(e.a, ctx), _bound_expr(e.b, ctx)
+        if a is None or b is None:
+            return None
+        c = _const_of(a)
+        if c is None:
+            c, a, b = _const_of(b), b, a
+        if c is None:
+            return None
+        lo, hi = b[0].scale(c), b[1].scale(c)
+        return (lo, hi) if c >= 0 else (hi, lo)
     if isinstance(e, (tx.FloorDiv, tx.FloorMod)) and isinstance(e.b, tx.IntImm) and e.b.value > 0:
-        a = bound(e.a, env)
+        a = _bound_expr(e.a, ctx)
         if a is None:
             return None
-        c = e.b.value
-        lo, hi = a
-        if isinstance(e, tx.FloorDiv):
-            if lo.is_const and hi.is_const:
-                return Lin((), lo.const // c), Lin((), hi.const // c)
-            return atom(lo.to_expr() // c), atom(hi.to_expr() // c)
+        c, (lo, hi) = e.b.value, a
+        if isinstance(e, tx.FloorDiv):  # monotonic: the quotients of the ends, in tir's canonical form
+            qlo = ana.floordiv(lo, c)
+            return qlo, qlo if hi is lo else ana.floordiv(hi, c)
         if lo.is_const and hi.is_const and lo.const // c == hi.const // c:
-            return Lin((), lo.const % c), Lin((), hi.const % c)
-        return Lin((), 0), Lin((), c - 1)
+            return Linear(e.dtype, c=lo.const % c), Linear(e.dtype, c=hi.const % c)
+        return Linear(e.dtype), Linear(e.dtype, c=c - 1)
     if isinstance(e, (tx.Min, tx.Max)):
-        a, b = bound(e.a, env), bound(e.b, env)
+        a, b = _bound_expr(e.a, ctx), _bound_expr(e.b, ctx)
         if a is None or b is None:
             return None
-        if isinstance(e, tx.Min):
-            return lin_min(a[0], b[0]), lin_min(a[1], b[1])
-        return lin_max(a[0], b[0]), lin_max(a[1], b[1])
+        pick = ana.min_of if isinstance(e, tx.Min) else ana.max_of
+        return pick(a[0], b[0]), pick(a[1], b[1])
     return None
 
 
-def relax(e: PrimExpr, loops: list[tuple[Var, PrimExpr]]) -> Interval | None:
+def relax(e: PrimExpr, loops: list[tuple[Var, PrimExpr]], ana: Analyzer | None = None) -> SymInterval | None:
     """Bounds of `e` over the loops `[(var, extent), ...]`, innermost first, each from 0.
 
     A loop's extent may depend on the variables of loops further out, so the
-    loops are relaxed one at a time from the inside out.
+    loops are relaxed one at a time from the inside out, each over the ends
+    found so far. `ana` (with no variable bounds of its own) builds the linear
+    forms; a fresh one when not given.
     """
-    lin = linearize(e)
-    if lin is None:
+    if e.dtype not in LINEAR_DTYPES:
         return None
-    lo, hi = lin, lin
+    ctx = _Ctx({}, ana)
+    lo = hi = ctx.ana.linear(e)
     for v, ext in loops:
-        env = {v: (Lin(), lin_of(ext) - 1)}
-        blo, bhi = bound(lo.to_expr(), env), bound(hi.to_expr(), env)
-        if blo is None or bhi is None:
+        ctx.env = {v: (Linear(v.dtype), ctx.ana.linear(ext).plus(-1))}
+        rlo = _bound_linear(lo, ctx)
+        rhi = rlo if hi is lo else _bound_linear(hi, ctx)
+        if rlo is None or rhi is None:
             return None
-        lo, hi = blo[0], bhi[1]
+        lo, hi = rlo[0], rhi[1]
     return lo, hi

@@ -37,24 +37,13 @@ from collections.abc import Hashable, Sequence
 import attrs
 
 from kiln.ir.dtype import DataType
-from kiln.te.arith import (
-    Lin,
-    free_vars,
-    lin_max,
-    lin_min,
-    lin_of,
-    loads,
-    rebuild,
-    relax,
-    simplify,
-    substitute,
-    transform,
-)
+from kiln.te.arith import SymInterval, free_vars, hull, loads, rebuild, relax, substitute, transform
 from kiln.te.schedule import AttachType, Fuse, IterAttr, Schedule, ScheduleError, Split, Stage
 from kiln.te.tensor import IterKind, IterVar, PlaceholderOp, Reduce, Tensor, TensorBuffer, children
 from kiln.tir import expr as tx
 from kiln.tir.expr import Buffer, BufferLoad, PrimExpr, Var
 from kiln.tir.share import bind_shared
+from kiln.tir.simplify import Analyzer, Linear
 from kiln.tir.stmt import Allocate, BufferStore, Evaluate, For, ForKind, IfThenElse, PrimFunc, Stmt, seq
 from kiln.tir.stmt import buffer as tir_buffer
 
@@ -77,13 +66,6 @@ class _Info:
     offset: dict[IterVar, PrimExpr] = attrs.field(factory=dict)  # every axis's index in leaf vars
 
 
-def _ceildiv(e: PrimExpr, f: int) -> PrimExpr:
-    lin = lin_of(e)
-    if lin.is_const:
-        return tx.const(-(-lin.const // f))
-    return simplify(e + (f - 1)) // f if f != 1 else e
-
-
 def _conj(conds: Sequence[PrimExpr]) -> PrimExpr:
     out = conds[0]
     for c in conds[1:]:
@@ -91,38 +73,13 @@ def _conj(conds: Sequence[PrimExpr]) -> PrimExpr:
     return out
 
 
-def _hull(a: tuple[Lin, Lin] | None, b: tuple[Lin, Lin] | None) -> tuple[Lin, Lin] | None:
-    if a is None or b is None:
-        return a or b
-    return lin_min(a[0], b[0]), lin_max(a[1], b[1])
-
-
-def _bounding_box(
-    reads: Sequence[BufferLoad], ndim: int, vmap: dict[Var, PrimExpr], loops: Loops
-) -> list[tuple[Lin, Lin] | None]:
-    """Per axis, the index range `reads` cover with `vmap` substituted and `loops` relaxed over
-    their ranges; None for an axis where some index is not affine (or nothing is read)."""
-    box: list[tuple[Lin, Lin] | None] = []
-    for d in range(ndim):
-        rngs = [relax(substitute(ld.indices[d], vmap), loops) for ld in reads]
-        hull: tuple[Lin, Lin] | None = None
-        for rng in rngs:
-            hull = _hull(hull, rng)
-        box.append(None if any(r is None for r in rngs) else hull)
-    return box
-
-
-def _proven_lt(hi: Lin | None, limit: PrimExpr) -> bool:
-    if hi is None:
-        return False
-    d = hi - lin_of(limit)
-    return d.is_const and d.const < 0
-
-
 class _Lowering:
     def __init__(self, sch: Schedule, args: Sequence[Tensor], name: str) -> None:
         self.sch = sch
         self.name = name
+        # tir's integer arithmetic, with no variable bounds: canonical linear forms and simplified
+        # index expressions, memoized per node for the whole lowering
+        self.ana = Analyzer()
         self.params: list[Buffer] = []
         self.placeholder_bufs: dict[int, Buffer] = {}
         self.info: dict[Stage, _Info] = {}
@@ -251,6 +208,39 @@ class _Lowering:
         return live
 
     # -- 3: bounds ----------------------------------------------------------------------
+    def _ceildiv(self, e: PrimExpr, f: int) -> PrimExpr:
+        return e if f == 1 else self.ana.simplify(tx.binary(tx.FloorDiv, e + (f - 1), f))
+
+    def _extent(self, rng: SymInterval) -> PrimExpr:
+        """The number of values in an interval, as an expression."""
+        return self.ana.expr_of(rng[1].sub(rng[0]).plus(1))
+
+    def _bounding_box(
+        self, reads: Sequence[BufferLoad], ndim: int, vmap: dict[Var, PrimExpr], loops: Loops
+    ) -> list[SymInterval | None]:
+        """Per axis, the index range `reads` cover with `vmap` substituted and `loops` relaxed over
+        their ranges; None for an axis where some index is not affine (or nothing is read)."""
+        box: list[SymInterval | None] = []
+        for d in range(ndim):
+            rngs = [relax(substitute(ld.indices[d], vmap), loops, self.ana) for ld in reads]
+            out: SymInterval | None = None
+            for rng in rngs:
+                out = hull(self.ana, out, rng)
+            box.append(None if any(r is None for r in rngs) else out)
+        return box
+
+    def _proven_lt(self, hi: Linear | None, limit: PrimExpr) -> bool:
+        """Whether `hi < limit` for every value of the variables left in them."""
+        if hi is None:
+            return False
+        top = self.ana.upper(hi.sub(self.ana.linear(limit)))  # constant, or bounded by its atoms (`x % 4`)
+        return top is not None and top < 0
+
+    def _proven_nonnegative(self, lo: Linear | None) -> bool:
+        """Whether `lo >= 0` for every value of the variables left in it."""
+        bottom = None if lo is None else self.ana.lower(lo)
+        return bottom is not None and bottom >= 0
+
     def _leaf_loops(self, st: Stage, start: int, stop: int) -> Loops:
         info = self.info[st]
         return [(iv.var, info.ext[iv]) for iv in reversed(st.leaf_iter_vars[start:stop])]
@@ -293,26 +283,26 @@ class _Lowering:
 
     def _root_values(self, st: Stage) -> dict[Var, PrimExpr]:
         info = self.info[st]
-        return {iv.var: simplify(info.rmin[iv] + info.offset[iv]) for iv in info.rmin}
+        return {iv.var: self.ana.simplify(info.rmin[iv] + info.offset[iv]) for iv in info.rmin}
 
     def _infer_region(self, st: Stage) -> None:
         info = self.info[st]
         op = st.op
-        box: list[tuple[Lin, Lin] | None] = [None] * len(op.axis)
+        box: list[SymInterval | None] = [None] * len(op.axis)
         unknown = [False] * len(op.axis)
         for reader in info.readers:
             reads = [ld for ld in loads(self.info[reader].body) if (hit := self._stage_of_load(ld)) and hit[1] is st]
-            for d, rng in enumerate(_bounding_box(reads, len(op.axis), self._root_values(reader),
-                                                  self._loops_inside(reader, st))):
+            for d, rng in enumerate(self._bounding_box(reads, len(op.axis), self._root_values(reader),
+                                                       self._loops_inside(reader, st))):
                 unknown[d] = unknown[d] or rng is None
-                box[d] = _hull(box[d], rng)
+                box[d] = hull(self.ana, box[d], rng)
         for d, iv in enumerate(op.axis):
             rng = box[d]
             assert iv.dom is not None
             if unknown[d] or rng is None:
                 info.rmin[iv], info.rext[iv] = iv.dom.min, iv.dom.extent
             else:
-                info.rmin[iv], info.rext[iv] = rng[0].to_expr(), (rng[1] - rng[0] + 1).to_expr()
+                info.rmin[iv], info.rext[iv] = self.ana.expr_of(rng[0]), self._extent(rng)
 
     def _bounds(self, st: Stage) -> None:
         info = self.info[st]
@@ -330,19 +320,19 @@ class _Lowering:
         for rel in st.relations:
             if isinstance(rel, Split):
                 if rel.factor is not None:
-                    ext[rel.outer], ext[rel.inner] = _ceildiv(ext[rel.parent], rel.factor), tx.const(rel.factor)
+                    ext[rel.outer], ext[rel.inner] = self._ceildiv(ext[rel.parent], rel.factor), tx.const(rel.factor)
                 else:
                     assert rel.nparts is not None
-                    ext[rel.outer], ext[rel.inner] = tx.const(rel.nparts), _ceildiv(ext[rel.parent], rel.nparts)
+                    ext[rel.outer], ext[rel.inner] = tx.const(rel.nparts), self._ceildiv(ext[rel.parent], rel.nparts)
             elif isinstance(rel, Fuse):
-                ext[rel.fused] = simplify(ext[rel.outer] * ext[rel.inner])
+                ext[rel.fused] = self.ana.simplify(ext[rel.outer] * ext[rel.inner])
             else:  # a Singleton: an axis of extent 1 over nothing
                 ext[rel.iv] = tx.const(1)
         off = info.offset
         off.update({iv: iv.var for iv in st.leaf_iter_vars})
         for rel in reversed(st.relations):
             if isinstance(rel, Split):
-                off[rel.parent] = simplify(off[rel.outer] * ext[rel.inner] + off[rel.inner])
+                off[rel.parent] = self.ana.simplify(off[rel.outer] * ext[rel.inner] + off[rel.inner])
             elif isinstance(rel, Fuse):
                 inner_ext = ext[rel.inner]
                 if isinstance(inner_ext, tx.IntImm) and inner_ext.value == 1:
@@ -360,17 +350,17 @@ class _Lowering:
         outer = self._enclosing(st) if st.attach_type is AttachType.SCOPE else []
         conds: list[PrimExpr] = []
         for iv in [*st.op.axis, *st.op.reduce_axis]:
-            offset = simplify(info.offset[iv])
-            rng = relax(offset, own)
-            if not _proven_lt(None if rng is None else rng[1], info.rext[iv]):
+            offset = self.ana.simplify(info.offset[iv])
+            rng = relax(offset, own, self.ana)
+            if not self._proven_lt(None if rng is None else rng[1], info.rext[iv]):
                 conds.append(offset < info.rext[iv])
             if outer and iv.kind is IterKind.DATA_PAR:
                 assert iv.dom is not None
-                value = simplify(info.rmin[iv] + offset)
-                rng = relax(value, own + outer)
-                if not _proven_lt(None if rng is None else rng[1], iv.dom.extent):
+                value = self.ana.simplify(info.rmin[iv] + offset)
+                rng = relax(value, own + outer, self.ana)
+                if not self._proven_lt(None if rng is None else rng[1], iv.dom.extent):
                     conds.append(value < iv.dom.extent)
-                if rng is None or not (rng[0].is_const and rng[0].const >= 0):
+                if not self._proven_nonnegative(None if rng is None else rng[0]):
                     conds.append(value >= 0)
         return conds
 
@@ -387,7 +377,7 @@ class _Lowering:
                 return self.placeholder_bufs[id(t.op)].load(*indices)
             info = self.info[producer]
             assert info.buffer is not None
-            shifted = [simplify(i - info.rmin[iv]) for i, iv in zip(indices, producer.op.axis, strict=True)]
+            shifted = [self.ana.simplify(i - info.rmin[iv]) for i, iv in zip(indices, producer.op.axis, strict=True)]
             return info.buffer.load(*shifted)
 
         return transform(e, pre)
@@ -409,20 +399,20 @@ class _Lowering:
             if buf is None or not reads:
                 raise ScheduleError(f"{where}: the stage does not read the tensor after inlining")
             inner = self._leaf_loops(st, st.leaf_iter_vars.index(iv) + 1, len(st.leaf_iter_vars))
-            box: list[tuple[Lin, Lin]] = []
-            for d, rng in enumerate(_bounding_box(reads, buf.ndim, {iv.var: iv.var + offset}, inner)):
+            box: list[SymInterval] = []
+            for d, rng in enumerate(self._bounding_box(reads, buf.ndim, {iv.var: iv.var + offset}, inner)):
                 if rng is None:
                     raise ScheduleError(f"{where}: its index along axis {d} is not affine in the loops")
                 box.append(rng)
             per_line = max(1, _CACHE_LINE * 8 // DataType.of(buf.dtype).bits)
             ks = [Var(f"pf{d}") for d in range(buf.ndim)]
-            index = [simplify(lo.to_expr() + k) for (lo, _), k in zip(box[:-1], ks, strict=False)]
-            index.append(simplify(box[-1][0].to_expr() + ks[-1] * per_line))
+            index = [self.ana.simplify(self.ana.expr_of(lo) + k) for (lo, _), k in zip(box[:-1], ks, strict=False)]
+            index.append(self.ana.simplify(self.ana.expr_of(box[-1][0]) + ks[-1] * per_line))
             stmt: Stmt = Evaluate(tx.call("prefetch", buf.load(*index)))
-            stmt = For(ks[-1], tx.const(0), _ceildiv((box[-1][1] - box[-1][0] + 1).to_expr(), per_line),
+            stmt = For(ks[-1], tx.const(0), self._ceildiv(self._extent(box[-1]), per_line),
                        ForKind.SERIAL, stmt)
             for d in reversed(range(buf.ndim - 1)):
-                stmt = For(ks[d], tx.const(0), (box[d][1] - box[d][0] + 1).to_expr(), ForKind.SERIAL, stmt)
+                stmt = For(ks[d], tx.const(0), self._extent(box[d]), ForKind.SERIAL, stmt)
             out.setdefault(iv, []).append(stmt)
         return out
 
@@ -459,7 +449,7 @@ class _Lowering:
         buf = info.buffer
         assert buf is not None
         leaves = st.leaf_iter_vars
-        index = [simplify(info.offset[iv]) for iv in st.op.axis]
+        index = [self.ana.simplify(info.offset[iv]) for iv in st.op.axis]
         body = self._rewrite_loads(substitute(info.body, self._root_values(st)))
         conds = self._guards(st)
         pf = self._prefetches(st, body)

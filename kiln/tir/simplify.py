@@ -112,6 +112,24 @@ class Linear:
         """`self + c`."""
         return Linear(self.dtype, self.terms, self.const + c)
 
+    def sub(self, other: Linear) -> Linear:
+        """`self - other`."""
+        return self.add(other, -1)
+
+    def __eq__(self, other: object) -> bool:
+        """The same form: dtype, constant, and atoms (by structural key) with their coefficients."""
+        if not isinstance(other, Linear):
+            return NotImplemented
+        if self.dtype != other.dtype or self.const != other.const or self.terms.keys() != other.terms.keys():
+            return False
+        return all(c == other.terms[k][1] for k, (_a, c) in self.terms.items())
+
+    __hash__ = None  # type: ignore[assignment]  # mutable terms: compared, never hashed
+
+    def __repr__(self) -> str:
+        terms = " + ".join(f"{c}*{expr_text(a)}" for a, c in sorted(self.terms.values(), key=_order))
+        return f"Linear({self.dtype}: {terms + ' + ' if terms else ''}{self.const})"
+
 
 def _order(item: tuple[PrimExpr, int]) -> tuple[int, int, int, str]:
     # Larger strides first (`io*16 + ii`), products before variables, then creation order.
@@ -355,6 +373,12 @@ class Analyzer:
             return self._floor_div_mod(la, c, isinstance(e, FloorMod))
         return Linear.atom(type(e)(dt, self.expr_of(la), self.expr_of(lb)))
 
+    def floordiv(self, la: Linear, c: int) -> Linear:
+        """`la // c` for a constant `c >= 1`, as the linear form of `FloorDiv(expr_of(la), c)` would be."""
+        if c < 1:
+            raise ValueError(f"floordiv by {c}: the divisor must be at least 1")
+        return la if c == 1 else self._floor_div_mod(la, c, mod=False)
+
     def _floor_div_mod(self, la: Linear, c: int, mod: bool) -> Linear:
         """`la // c` or `la % c` for a constant c > 1: la = c*Q + R with R's bounds deciding the rest."""
         dt = la.dtype
@@ -388,13 +412,24 @@ class Analyzer:
 
     def _min_max(self, e: Min | Max) -> Linear:
         la, lb = self.linear(e.a), self.linear(e.b)
+        return self.min_of(la, lb) if isinstance(e, Min) else self.max_of(la, lb)
+
+    def min_of(self, la: Linear, lb: Linear) -> Linear:
+        """`min(la, lb)`: one of them where the bounds of `la - lb` decide, else a `Min` atom."""
+        return self._pick(la, lb, Min)
+
+    def max_of(self, la: Linear, lb: Linear) -> Linear:
+        """`max(la, lb)`: one of them where the bounds of `la - lb` decide, else a `Max` atom."""
+        return self._pick(la, lb, Max)
+
+    def _pick(self, la: Linear, lb: Linear, op: type[Min] | type[Max]) -> Linear:
         d = la.add(lb, -1)
         lo, hi = self.lower(d), self.upper(d)
         a_smaller = hi is not None and hi <= 0
         a_larger = lo is not None and lo >= 0
         if a_smaller or a_larger:
-            return la if a_smaller == isinstance(e, Min) else lb
-        return Linear.atom(type(e)(e.dtype, self.expr_of(la), self.expr_of(lb)))
+            return la if a_smaller == (op is Min) else lb
+        return Linear.atom(op(la.dtype, self.expr_of(la), self.expr_of(lb)))
 
     def expr_of(self, lin: Linear) -> PrimExpr:
         """The expression of a linear form, in canonical order."""
@@ -544,6 +579,15 @@ def _fold_cast(dtype: str, v: PrimExpr) -> PrimExpr:
 # ---------------------------------------------------------------------------
 # Public entry points
 # ---------------------------------------------------------------------------
+
+
+def linear_form(e: PrimExpr) -> Linear:
+    """The canonical linear form of integer `e` (dtype in `LINEAR_DTYPES`) under no variable bounds.
+
+    Rebuild it with `Analyzer().expr_of`. For many forms, one `Analyzer` (which
+    memoizes per node) is cheaper than this helper's fresh one per call.
+    """
+    return Analyzer().linear(e)
 
 
 def simplify(expr: ExprLike, bounds: Mapping[Var, tuple[ExprLike | None, ExprLike | None]] | None = None) -> PrimExpr:

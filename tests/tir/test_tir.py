@@ -16,7 +16,7 @@ from tir_interp import eval_expr, run
 
 from kiln import tir
 from kiln.tir.functor import StmtExprMutator, post_order_visit, used_vars
-from kiln.tir.simplify import simplify, simplify_stmt
+from kiln.tir.simplify import Analyzer, linear_form, simplify, simplify_stmt
 from kiln.tir.stmt import Allocate, BufferStore, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, SeqStmt
 from kiln.tir.transform import loop_partition, simplify_func, substitute, unroll_loops
 
@@ -168,6 +168,45 @@ def test_simplified_comparison_has_the_same_truth_value(
         for p in points:
             env = dict(zip(VARS, p, strict=True))
             assert bool(eval_expr(s, env)) == bool(eval_expr(cond, env)), f"{cond}  ->  {s}"
+
+
+# ---------------------------------------------------------------------------
+# linear forms as values (what te's bound inference builds on)
+# ---------------------------------------------------------------------------
+
+
+def test_linear_forms_compare_by_atoms_and_coefficients_and_subtract() -> None:
+    a, b = linear_form(vi * 4 + vj + 1), linear_form(vj + 1 + vi * 2 + vi * 2)
+    assert a == b and a is not b
+    assert a != linear_form(vi * 4 + vj) and a != linear_form(vi * 4 + vk + 1)
+    assert linear_form(tir.Cast("int64", vi) + 1) != linear_form(vi + 1)  # another dtype
+    d = a.sub(linear_form(vi * 4))
+    assert d == linear_form(vj + 1) and str(Analyzer().expr_of(d)) == "j + 1"
+    assert a.sub(b).is_const and a.sub(b).const == 0
+    assert repr(a) == "Linear(int32: 4*i + 1*j + 1)"
+
+
+def test_linear_form_rebuilds_to_the_simplified_expression() -> None:
+    for e in (vi * 4 + vj - vi * 4, (vi * 8 + 4) // 4, (vi + 1) * 2 - vi, 3 - vi * 2):
+        assert str(Analyzer().expr_of(linear_form(e))) == str(simplify(e))
+
+
+def test_min_of_and_max_of_decide_where_the_difference_has_a_sign() -> None:
+    ana = Analyzer()
+    a, b = linear_form(vi * 4), linear_form(vi * 4 + 3)
+    assert ana.min_of(a, b) is a and ana.max_of(a, b) is b and ana.min_of(b, a) is a
+    m = linear_form(vj % 4)
+    assert ana.max_of(m, linear_form(C(3))) == linear_form(C(3))  # j % 4 <= 3
+    assert str(ana.expr_of(ana.min_of(a, linear_form(vj)))) == "min(i * 4, j)"
+    with ana.bound(vj, C(0), C(2)):
+        assert ana.min_of(linear_form(vj), linear_form(C(5))) == linear_form(vj)
+
+
+def test_floordiv_of_a_linear_form_matches_simplifying_the_division() -> None:
+    ana = Analyzer()
+    for e, c in ((vi * 8 + 4, 4), (vi * 4 + vj, 2), (vi + 7, 1), (C(-7), 2)):
+        assert ana.floordiv(linear_form(e), c) == linear_form(e // c)
+    assert str(ana.expr_of(ana.floordiv(linear_form(vi * 4 + vj), 2))) == "i * 2 + j // 2"
 
 
 # ---------------------------------------------------------------------------
