@@ -39,6 +39,7 @@ import numpy as np
 
 from kiln.codegen import llvm_math
 from kiln.codegen.jit import CodegenError
+from kiln.ir import graph
 from kiln.runtime import linker
 from kiln.runtime.module import STATUS_OK, STATUS_OUT_OF_MEMORY, on_heap
 from kiln.target import Target
@@ -72,7 +73,7 @@ from kiln.tir.expr import (
     is_float,
 )
 from kiln.tir.flatten import flatten
-from kiln.tir.functor import let_chain
+from kiln.tir.functor import Node, children, let_chain
 from kiln.tir.stmt import (
     Allocate,
     BufferStore,
@@ -391,11 +392,15 @@ class CodeGenLLVM:
             width = min(width, 1 << max(s.extent.value, 1).bit_length() - 1)
         if width <= 1:
             return None
+        # With unroll.disable the loop vectorizer takes the loop as it is, one vector per iteration: kiln's
+        # tiles need that (without it LLVM unrolled a dense's 16-lane loops first and made gathers of them,
+        # 2.2x slower). But LLVM 22 then read an operand indexed by a division of the lane variable as
+        # consecutive ((16,2,4,4) + (2,1,4): B[j, 0, i % 4] went wrong): such loops are only kept from
+        # runtime unrolling.
+        unroll = "llvm.loop.unroll.runtime.disable" if _divides(s.body, s.loop_var) else "llvm.loop.unroll.disable"
         return _LoopMD(m, [m.add_metadata(["llvm.loop.vectorize.enable", ir.Constant(I1, 1)]),
                            m.add_metadata(["llvm.loop.vectorize.width", ir.Constant(I32, width)]),
-                           # not llvm.loop.unroll.disable: with it, LLVM 22's vectorizer miscompiles some gathers
-                           # (a broadcast operand read as consecutive: (16,2,4,4) + (2,1,4) went wrong)
-                           m.add_metadata(["llvm.loop.unroll.runtime.disable"]),
+                           m.add_metadata([unroll]),
                            m.add_metadata(["llvm.loop.vectorize.followup_vectorized",
                                            m.add_metadata(["llvm.loop.isvectorized"])])])
 
@@ -678,6 +683,18 @@ class CodeGenLLVM:
         if to.width < v.type.width:
             return b.trunc(v, to)
         return b.sext(v, to) if _signed(src) else b.zext(v, to)
+
+
+def _divides(body: Stmt, var: Var) -> bool:
+    """Whether `body` divides (or takes the remainder of) an expression of `var`."""
+    uses: set[int] = {id(var)}
+    root: Node = body
+    for n in graph.post_order([root], children):
+        if any(id(c) in uses for c in children(n)):
+            uses.add(id(n))
+            if isinstance(n, (FloorDiv, FloorMod, Div)) and id(n.a) in uses:
+                return True
+    return False
 
 
 def _widest_store(s: Stmt) -> int:

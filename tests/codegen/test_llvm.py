@@ -504,3 +504,24 @@ def test_float16_math_computes_in_float32_and_rounds_on_store(name: str) -> None
              "rsqrt": lambda v: 1 / np.sqrt(v), "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
              "erf": np.vectorize(math.erf)}[name](wide)
     np.testing.assert_allclose(out.astype(np.float64), exact, rtol=1e-3)  # float16's rounding: 2**-11
+
+
+def test_affine_vectorized_loops_stay_whole_and_lane_divisions_are_only_kept_from_runtime_unrolling() -> None:
+    # the LLVM workaround above is for loops whose lanes index by a division; an affine tile loop keeps
+    # llvm.loop.unroll.disable, so LLVM vectorizes it as it is rather than unrolling it into gathers
+    a = te.placeholder((16, 2, 4, 4), "float32", name="A")
+    b = te.placeholder((2, 1, 4), "float32", name="B")
+    c = te.compute(a.shape, lambda i, j, k, w: a[i, j, k, w] + b[j, 0, w], name="C")
+    s = te.create_schedule(c)
+    s[c].vectorize(s[c].split(s[c].fuse(*c.op.axis), factor=16)[1])
+    dividing = emit_llvm_ir(te.lower(s, [a, b, c]), Target("llvm"))
+    assert "llvm.loop.unroll.runtime.disable" in dividing and '"llvm.loop.unroll.disable"' not in dividing
+    from kiln import relay
+
+    x, w = relay.var("x", shape=(1, 2048)), relay.var("w", shape=(64, 2048))
+    lib = relay.build(relay.Function([x, w], relay.nn.dense(x, w)))
+    (kernel,) = lib.kernels
+    assert '"llvm.loop.unroll.disable"' in emit_llvm_ir(kernel.func, Target("llvm"))
+    if linker.has_feature(Target("llvm"), "avx512f"):
+        asm = kernel.get_source("asm")
+        assert "vgather" not in asm and "vfmadd231ps" in asm and "zmm" in asm
