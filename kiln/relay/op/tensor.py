@@ -249,11 +249,17 @@ def _clip_expr(attrs: ClipAttrs, x: PrimExpr) -> PrimExpr:
     return tx.select(x > tx.const(math.floor(hi), x.dtype), tx.const(int(hi), x.dtype), low)
 
 
-register_unary(
-    "clip", "x limited to [a_min, a_max]",
-    lambda attrs, x: np.clip(x, attrs.a_min, attrs.a_max).astype(x.dtype), _numeric, ClipAttrs,
-    compute=elementwise_compute(_clip_expr, "clip"),
-)
+def _clip_ref(attrs: ClipAttrs, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    lo, hi = attrs.a_min, attrs.a_max
+    if np.issubdtype(x.dtype, np.integer):  # bounds past the dtype's range saturate, as the compute
+        info = np.iinfo(x.dtype)
+        lo, hi = (float(np.clip(v, info.min, info.max)) for v in (lo, hi))
+    out: np.ndarray[Any, Any] = np.clip(x, lo, hi).astype(x.dtype)
+    return out
+
+
+register_unary("clip", "x limited to [a_min, a_max]", _clip_ref, _numeric, ClipAttrs,
+               compute=elementwise_compute(_clip_expr, "clip"))
 
 
 @constructor("clip")

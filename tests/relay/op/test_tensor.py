@@ -272,11 +272,16 @@ def test_binary_ops_compile_for_bools(name: str) -> None:
     check_build(name, _values((2, 5), "bool", 1), _values((5,), "bool", 2))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int8", "int32"])
+@pytest.mark.parametrize("dtype", ["float32", "int8", "int32", "uint8"])
 @pytest.mark.parametrize(("a_min", "a_max"), [(-1.5, 2.5), (0.2, 0.7), (-1000.0, 1000.0), (-2.0, -2.0)])
 def test_clip_compiles_and_truncates_float_bounds_for_integers(dtype: str, a_min: float, a_max: float) -> None:
-    x = np.arange(-6, 7).astype(dtype) if dtype != "float32" else _values((3, 17), dtype)
+    # bounds past an integer dtype's range saturate (uint8 clipped to -2 is 0, not -2 wrapped to 254)
+    x = np.arange(-6, 7).astype(dtype) if dtype.startswith("int") else \
+        np.arange(0, 13).astype(dtype) if dtype == "uint8" else _values((3, 17), dtype)
     check_build("clip", x, a_min=a_min, a_max=a_max)
+    if dtype == "uint8" and a_max < 0:
+        ref = Op.get("clip").get_attr(attr.FReference)
+        np.testing.assert_array_equal(ref(tensor.ClipAttrs.make("clip", a_min=a_min, a_max=a_max), x), np.zeros_like(x))
 
 
 @pytest.mark.parametrize(
