@@ -21,7 +21,8 @@ def test_a_custom_op_in_one_file_of_40_lines_builds_runs_and_makes_cuda_c(tmp_pa
     assert "kiln_max<float>(p0[" in source and "* 3.0f" in source  # the relu fused into the op's kernel
 
 
-def test_the_docs_show_the_example_as_it_is() -> None:
+def test_the_readme_and_the_docs_show_the_example_as_it_is() -> None:
     example = (ROOT / "examples" / "custom_op.py").read_text()
-    body = example.split("\n", 1)[1]  # the docs show it without its docstring line
+    body = example.split("\n", 1)[1]  # shown without its docstring line
     assert body.strip() in (ROOT / "docs" / "architecture.md").read_text()
+    assert body.strip() in (ROOT / "README.md").read_text()
