@@ -96,7 +96,11 @@ def exact_unary(b: GraphBuilder) -> Value | None:
     if kind == "clip":
         lo = b.choose([-1.5, -1.0, 0.0, 0.25])
         hi = lo + b.choose([0.0, 0.5, 1.0, 2.25])
-        expected = np.clip(v.data, lo, hi).astype(v.dtype)
+        bounds = (lo, hi)
+        if np.issubdtype(v.dtype, np.integer):  # bounds past the dtype's range saturate (uint8 and -1.5: 0)
+            info = np.iinfo(v.dtype)
+            bounds = (max(lo, info.min), min(max(hi, info.min), info.max))
+        expected = np.clip(v.data, *bounds).astype(v.dtype)
         return b.result(relay.clip(v.expr, lo, hi), expected, [v], exact=True)
     fns: dict[str, Callable[[Array], Any]] = {"floor": np.floor, "ceil": np.ceil, "round": np.round, "sign": np.sign}
     fn = fns[kind]
