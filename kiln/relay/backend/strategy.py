@@ -21,19 +21,19 @@ from kiln.target import FDefaultSchedule, Target, TargetKind
 
 
 def generic_implementation(op: Op, kind: TargetKind) -> Implementation | None:
-    """The implementation made of `op`'s FCompute and its schedule for `kind` (None without FCompute)."""
+    """The implementation made of `op`'s FCompute and its FSchedule for `kind` (None without FCompute).
+
+    Without an FSchedule its schedule is None: the target kind's default, which `select_implementation`
+    resolves.
+    """
     registry = op_registry()
     compute = registry.slot(attr.FCompute, op)
     if compute is None:
         return None
     schedule = registry.slot(attr.FSchedule[kind.name], op) or registry.slot(attr.FSchedule, op)
-    if schedule is not None:
-        return Implementation(op.name, "generic", compute.value, schedule.value, kind.name,
-                              plevel=max(compute.plevel, schedule.plevel), priority=0, site=compute.site)
-    by_pattern = kind.get_attr(FDefaultSchedule)
-    default = None if by_pattern is None else by_pattern(op.get_attr(attr.TOpPattern, OpPattern.OPAQUE))
-    return Implementation(op.name, "generic", compute.value, default, kind.name, plevel=compute.plevel, priority=0,
-                          site=compute.site)
+    plevel = compute.plevel if schedule is None else max(compute.plevel, schedule.plevel)
+    return Implementation(op.name, "generic", compute.value, None if schedule is None else schedule.value,
+                          kind.name, plevel=plevel, priority=0, site=compute.site)
 
 
 def implementations_for(op: Op, kind: TargetKind) -> list[Implementation]:
@@ -63,7 +63,7 @@ def select_implementation(op: Op | str, target: Target | TargetKind | str, dtype
         asked = f"target {kind.name!r}, input dtypes {list(dts)}" + (f", label {label!r}" if label else "")
         listing = "; ".join(i.describe() for i in candidates) or "none (the op has no FCompute)"
         raise NoImplementationError(f"op {op.name!r} has no implementation for {asked}; registered: {listing}")
-    if best.schedule is None:  # an implementation that asked for the target's default schedule
+    if best.schedule is None:  # the target kind's default schedule for the op's pattern
         by_pattern = kind.get_attr(FDefaultSchedule)
         if by_pattern is None:
             raise NoImplementationError(f"op {op.name!r}: implementation {best.name!r} has no schedule, and target "
