@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from kiln.codegen.jit import CodegenError
-from kiln.target import FBuild, Target
+from kiln.target import Target
 from kiln.te import Schedule, lower
 from kiln.tir.pipeline import optimize_tir
 from kiln.tir.stmt import PrimFunc
@@ -40,7 +40,8 @@ def build(
         `module(*arrays)` runs it.
 
     Raises:
-        CodegenError: for loop IR the back end cannot compile, or a target kind without a back end.
+        CodegenError: for loop IR the back end cannot compile.
+        TargetError: for a target kind without a back end.
         UnresolvedSymbolError: when the code calls a symbol no loaded library defines.
         CudaArchError, NVRTCError: on cuda targets (see `kiln.codegen.backends.build_cuda`).
     """
@@ -52,7 +53,4 @@ def build(
     if name is not None and name != prim.name:
         prim = attrs.evolve(prim, name=name)
     tgt = target if isinstance(target, Target) else Target(target)
-    backend = tgt.kind.get_attr(FBuild)
-    if backend is None:
-        raise CodegenError(f"build: target kind {tgt.kind.name!r} has no back end (no FBuild attribute); {tgt}")
-    return backend(prim, tgt)
+    return tgt.backend()(prim, tgt)

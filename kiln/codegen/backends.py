@@ -1,7 +1,7 @@
 """The back ends: loop IR to a runtime module, one per target kind, set as the kind's `FBuild`.
 
 `kiln.build` and `relay.build` look a target's back end up in its kind's
-attributes (`target.kind.get_attr(FBuild)`), so neither compares kind names and
+attributes (`target.backend()`, its `FBuild`), so neither compares kind names and
 a new back end is one registration.
 
 llvm: look the kernel up in the cache (memory, then disk); otherwise generate

@@ -15,12 +15,12 @@ have the same kind and options, i.e. when they compile the same code.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any
 
 from kiln.errors import TargetError
-from kiln.target.kind import FTargetParser, TargetKind
+from kiln.target.kind import FBuild, FTargetParser, TargetKind
 from kiln.target.tag import TargetTag
 
 _CURRENT = threading.local()
@@ -141,6 +141,19 @@ class Target:
             if base.get(name) != value:
                 parts.append(f"-{name}={self.kind.option(name).format(value)}")
         return " ".join(parts)
+
+    def backend(self) -> Callable[[Any, Target], Any]:
+        """The kind's back end, `(optimized tir.PrimFunc, target) -> runtime module` (its `FBuild`, which
+        `kiln.codegen` sets).
+
+        Raises:
+            TargetError: for a kind without one.
+        """
+        build: Callable[[Any, Target], Any] | None = self.kind.get_attr(FBuild)
+        if build is None:
+            raise TargetError(f"target kind {self.kind.name!r} has no back end (no FBuild attribute): cannot "
+                              f"compile for {self}")
+        return build
 
     def summary(self) -> str:
         """The kind and its brief options, for one-line messages: "llvm -mcpu=znver4", "cuda -arch=sm_90"."""

@@ -361,3 +361,23 @@ def test_a_parser_that_skips_the_check_still_cannot_hand_llvm_an_unknown_cpu() -
         target = Target("llvm -mcpu=foo")
     with pytest.raises(TargetError, match="'foo' is not a CPU that LLVM"):
         linker.create_target_machine(target)
+
+
+def test_a_kind_without_a_back_end_is_refused_by_every_build() -> None:
+    import kiln
+    from kiln import relay, te
+
+    with registry.scope():
+        register_target_kind("nobackend").describe("a kind no code generator serves")
+        target = Target("nobackend")
+        assert Target("llvm").backend() is not None
+        message = r"target kind 'nobackend' has no back end \(no FBuild attribute\): cannot compile for nobackend"
+        with pytest.raises(TargetError, match=message):
+            target.backend()
+        a = te.placeholder((4,), name="A")
+        b = te.compute((4,), lambda i: a[i] * 2.0, name="B")
+        with pytest.raises(TargetError, match=message):
+            kiln.build(te.create_schedule(b), [a, b], target=target)
+        x = relay.var("x", shape=(4,))
+        with pytest.raises(TargetError, match=message):
+            relay.build(relay.Function([x], relay.exp(x)), target=target)

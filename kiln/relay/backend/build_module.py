@@ -29,7 +29,7 @@ from kiln.relay.visitor import ExprMutator, post_order
 from kiln.runtime.executor import MAX_ELEMENTS
 from kiln.runtime.library import Graph, Launch, Library, Slot
 from kiln.runtime.module import numpy_dtype
-from kiln.target import FBuild, Target
+from kiln.target import Target
 
 
 class BuildError(KilnError, ValueError):
@@ -243,9 +243,7 @@ def build(
         The `runtime.Library`; `lib.create_executor()` runs it.
     """
     tgt = target if isinstance(target, Target) else Target(target)
-    if tgt.kind.get_attr(FBuild) is None:
-        raise BuildError(f"relay.build: target kind {tgt.kind.name!r} has no back end (no FBuild attribute); "
-                         f"{tgt}")
+    tgt.backend()  # a kind without a back end fails here, before any pass runs
     mod = optimize(mod, params)
     builder = _GraphBuilder(tgt, progress)
     graph = builder.build(mod["main"])

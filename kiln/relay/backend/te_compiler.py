@@ -32,7 +32,7 @@ from kiln.relay.analysis import structural_hash
 from kiln.relay.backend.strategy import select_implementation
 from kiln.relay.op._schedule import KEEP, schedule_injective
 from kiln.relay.visitor import post_order
-from kiln.target import FBuild, Target
+from kiln.target import Target
 from kiln.tir.pipeline import optimize_tir
 
 USE_LABEL = "relay.backend.use_label"
@@ -269,11 +269,7 @@ def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: st
                 _CACHE.move_to_end(key)
                 return kernel
     sch, inputs, outs = lowerer.run()
-    backend = tgt.kind.get_attr(FBuild)
-    if backend is None:
-        raise LoweringError(f"target kind {tgt.kind.name!r} has no back end (no FBuild attribute): cannot build "
-                            f"for {tgt}")
-    module = backend(optimize_tir(te.lower(sch, [*inputs, *outs], name=name)), tgt)
+    module = tgt.backend()(optimize_tir(te.lower(sch, [*inputs, *outs], name=name)), tgt)
     out_types = [TensorType([int(getattr(d, "value", 0)) for d in t.shape], t.dtype) for t in outs]
     kernel = CompiledKernel(name, module, len(func.params), lowerer.constants, out_types)
     with _CACHE_LOCK:
