@@ -26,7 +26,7 @@ from kiln import te
 from kiln.errors import KilnError
 from kiln.ir.transform import PassContext, register_config
 from kiln.ir.types import SymDim, TensorType, TupleType, Type
-from kiln.registry import Op, OpPattern, attr
+from kiln.registry import Implementation, Op, OpPattern, attr
 from kiln.relay import expr as rx
 from kiln.relay.analysis import structural_hash
 from kiln.relay.backend.strategy import select_implementation
@@ -116,6 +116,14 @@ class _Lowerer:
         self.inputs: list[te.Tensor] = []
         self.constants: list[np.ndarray] = []
         self.labels: dict[str, str] = dict(PassContext.current().config.get(USE_LABEL) or {})
+        self._chosen: dict[int, Implementation] = {}  # per call: chosen once for the cache key and for lowering
+
+    def _implementation(self, call: rx.Call, op: Op) -> Implementation:
+        impl = self._chosen.get(id(call))
+        if impl is None:
+            dtypes = [str(t.dtype) for a in call.args for t in tensor_types(a.checked_type, "an argument")]
+            impl = self._chosen[id(call)] = select_implementation(op, self.target, dtypes, self.labels.get(op.name))
+        return impl
 
     def choices(self) -> tuple[Any, ...]:
         """What lowering will read from the registry, per op call: its implementation and pattern.
@@ -126,9 +134,7 @@ class _Lowerer:
         out: list[Any] = []
         for node in post_order(self.func.body):
             if isinstance(node, rx.Call) and isinstance(node.op, Op):
-                dtypes = [str(t.dtype) for a in node.args for t in tensor_types(a.checked_type, "an argument")]
-                impl = select_implementation(node.op, self.target, dtypes, self.labels.get(node.op.name))
-                out.append((impl, node.op.get_attr(attr.TOpPattern, OpPattern.OPAQUE)))
+                out.append((self._implementation(node, node.op), node.op.get_attr(attr.TOpPattern, OpPattern.OPAQUE)))
         return tuple(out)
 
     def _shape(self, ty: TensorType, where: str) -> list[Any]:
@@ -196,8 +202,7 @@ class _Lowerer:
     def _call(self, call: rx.Call, inputs: list[te.Tensor]) -> tuple[list[te.Tensor], OpPattern, Any]:
         op = call.op
         assert isinstance(op, Op)
-        dtypes = [t.dtype for t in inputs]
-        impl = select_implementation(op, self.target, dtypes, self.labels.get(op.name))
+        impl = self._implementation(call, op)
         out_types = tensor_types(call.checked_type, f"op {op.name}")
         outs = impl.compute(call.attrs, inputs, call.checked_type)
         if not isinstance(outs, (list, tuple)) or len(outs) != len(out_types) or not all(
