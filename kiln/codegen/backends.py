@@ -14,13 +14,9 @@ target's arch with NVRTC (`codegen.nvrtc`, which caches CUBINs on disk), and
 wrap it in a `runtime.cuda_module.CudaModule`, which loads it onto the GPU on
 first call (so building needs no GPU).
 
-Parallel loops: libgomp's `GOMP_parallel` with an outlined body was chosen
-over a Python thread pool calling per-chunk functions through ctypes. On this
-2-core host, a float32 `exp(x) * 2 + 1` kernel, best of 10: at 2**24 elements,
-serial 8.7 ms, GOMP on 2 threads 4.4 ms (2.0x), thread pool 4.2-4.6 ms (a tie;
-numpy 21-24 ms); at 2**16 elements, serial 25 us, GOMP 18 us, thread pool 96 us
-(Python dispatch costs ~80 us per call). GOMP also parallelizes loops nested
-inside serial loops, which a Python pool cannot reach.
+Parallel loops run on kiln's own thread pool (`runtime.pool`): chunks that
+any thread claims, the caller among them, so a descheduled worker costs little
+(libgomp's per-kernel barrier made models 10-100x slower with a core busy).
 """
 
 from __future__ import annotations

@@ -12,11 +12,10 @@ Choices, and why:
   small constant extent), UNROLLED loops of constant extent <= 64 are unrolled here,
   others get `llvm.loop.unroll.enable`.
 - PARALLEL loops are outlined into a body function (noalias pointer params, so the
-  alias facts survive) and a trampoline that libgomp's `GOMP_parallel` runs on
-  `num-cores` threads, each taking one contiguous block of iterations. Chosen
-  by measurement over a Python thread pool calling chunk functions through
-  ctypes: see the report in `kiln/build.py`. A parallel loop inside another one
-  runs serially. Without libgomp, parallel loops run serially.
+  alias facts survive) and a trampoline that kiln's own thread pool
+  (`runtime.pool`, `kiln_parallel_for`) runs per chunk of iterations on up to
+  `num-cores` threads, the calling thread among them. A parallel loop inside
+  another one runs serially.
 - Floating-point add/sub/mul carry `reassoc contract` (reductions vectorize, a*b+c
   fuses to fma); no `nnan`/`ninf`/`nsz`, so inf and NaN behave as in numpy.
   Signed int32/int64 add/sub/mul carry `nsw` (their overflow is undefined, as in C
@@ -40,7 +39,7 @@ import numpy as np
 from kiln.codegen import llvm_math
 from kiln.codegen.jit import CodegenError
 from kiln.ir import graph
-from kiln.runtime import linker
+from kiln.runtime import linker, pool
 from kiln.runtime.module import STATUS_OK, STATUS_OUT_OF_MEMORY, on_heap
 from kiln.target import Target
 from kiln.tir.expr import (
@@ -374,7 +373,7 @@ class CodeGenLLVM:
                 self.stmt(s.body)
             self.f.vars.pop(id(s.loop_var), None)
             return
-        if s.kind is ForKind.PARALLEL and not self.f.in_parallel and self.num_threads > 1 and linker.have_openmp():
+        if s.kind is ForKind.PARALLEL and not self.f.in_parallel and self.num_threads > 1:
             self._parallel(s)
             return
         begin = self.expr(s.min)
@@ -429,27 +428,28 @@ class CodeGenLLVM:
         del self.f.vars[id(var)]
 
     def _parallel(self, s: For) -> None:
-        """Outlines loop `s` into body + trampoline functions run by GOMP_parallel."""
+        """Outlines loop `s` into a body function over [lo, hi) and a trampoline that kiln's pool
+        (`runtime.pool`) calls per chunk with the packed values the body captures."""
         outer = self.f
         b = outer.builder
         k = self._par_count
         self._par_count += 1
         base = f"{outer.fn.name}.par{k}"
         begin = self._int_resize(self.expr(s.min), s.min.dtype, "int64")
-        extent = self._int_resize(self.expr(s.extent), s.extent.dtype, "int64")
+        end = b.add(begin, self._int_resize(self.expr(s.extent), s.extent.dtype, "int64"))
         var_items = list(outer.vars.items())
         buf_items = list(outer.bufs.items())
         failed = outer.alloca(I32, None, f"{base}.failed")
         b.store(I32(STATUS_OK), failed)
         captured = [v for _, v in var_items] + [p for _, p in buf_items] + [failed]
-        fields = [I64, I64] + [v.type for v in captured]
+        fields = [v.type for v in captured]
         struct_ty = ir.LiteralStructType(fields)
         data = outer.alloca(struct_ty, None, f"{base}.data")
-        for i, value in enumerate([begin, extent, *captured]):
+        for i, value in enumerate(captured):
             b.store(value, b.gep(data, [I32(0), I32(i)], inbounds=True))
 
         # The body: loop over [lo, hi) with the captured values as (noalias) parameters.
-        body_fn = self._function(f"{base}.body", ir.FunctionType(ir.VoidType(), [I64, I64, *fields[2:]]), True)
+        body_fn = self._function(f"{base}.body", ir.FunctionType(ir.VoidType(), [I64, I64, *fields]), True)
         self.f = inner = _Func(body_fn)
         inner.in_parallel = True
         inner.failed = body_fn.args[-1]
@@ -462,26 +462,19 @@ class CodeGenLLVM:
         self._loop(s.loop_var, lo, hi, s.body, None)
         inner.builder.ret_void()
 
-        # The trampoline: this thread's block of iterations, from the packed values.
-        tramp = self._function(base, ir.FunctionType(ir.VoidType(), [PTR]), True)
+        # The trampoline: one chunk [lo, hi), from the packed values.
+        tramp = self._function(base, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), True)
         self.f = t = _Func(tramp)
         tb = t.builder
         vals = [tb.load(tb.gep(tramp.args[0], [I32(0), I32(i)], inbounds=True, source_etype=struct_ty), typ=ty)
                 for i, ty in enumerate(fields)]
-        tid = tb.sext(llvm_math.intrinsic(tb, "omp_get_thread_num", I32, []), I64)
-        nth = tb.sext(llvm_math.intrinsic(tb, "omp_get_num_threads", I32, []), I64)
-        chunk = tb.sdiv(tb.add(vals[1], tb.sub(nth, I64(1))), nth)
-        lo64 = tb.add(vals[0], tb.mul(tid, chunk))
-        end64 = tb.add(vals[0], vals[1])
-        hi64 = tb.select(tb.icmp_signed("<", tb.add(lo64, chunk), end64), tb.add(lo64, chunk), end64)
-        with tb.if_then(tb.icmp_signed("<", lo64, hi64)):
-            tb.call(body_fn, [lo64, hi64, *vals[2:]])
+        tb.call(body_fn, [tramp.args[1], tramp.args[2], *vals])
         tb.ret_void()
 
         self.f = outer
-        gomp = self.module.globals.get("GOMP_parallel") or ir.Function(
-            self.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]), "GOMP_parallel")
-        b.call(gomp, [tramp, data, I32(self.num_threads), I32(0)])
+        pool_for = self.module.globals.get(pool.PARALLEL_FOR) or ir.Function(
+            self.module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I64, I32]), pool.PARALLEL_FOR)
+        b.call(pool_for, [tramp, data, begin, end, I32(self.num_threads)])
         fail = outer.fn.append_basic_block(f"{base}.out_of_memory")
         done = outer.fn.append_basic_block(f"{base}.done")
         b.cbranch(b.icmp_signed("!=", b.load(failed), I32(STATUS_OK)), fail, done)

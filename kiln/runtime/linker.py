@@ -9,7 +9,7 @@ bound (MCJIT never frees code on its own).
 Before any object code is linked (fresh compiles, cache hits and loaded
 libraries alike), `check_object` reads its ELF symbol table (`objfile`): every
 undefined symbol must be in `ALLOWED_SYMBOLS` (what kiln's code generator
-calls: libm, the heap, the memory intrinsics, libgomp) and must resolve in the
+calls: libm, the heap, the memory intrinsics, kiln's thread pool) and must resolve in the
 process. MCJIT would otherwise resolve any libc function (`system`) for code it
 was handed, and bind a missing one to address 0. The runtime links code; it
 compiles none (that is `kiln.codegen`'s).
@@ -26,7 +26,7 @@ from typing import Any
 import llvmlite.binding as llvm
 
 from kiln.errors import KilnError
-from kiln.runtime import objfile
+from kiln.runtime import objfile, pool
 from kiln.target import Target, detect, llvm_check
 
 
@@ -54,10 +54,10 @@ def initialize() -> None:
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         llvm.initialize_native_asmparser()
-        for lib in ("m", "gomp"):
-            path = ctypes.util.find_library(lib)
-            if path is not None:
-                llvm.load_library_permanently(path)
+        path = ctypes.util.find_library("m")
+        if path is not None:
+            llvm.load_library_permanently(path)
+        pool.start()
         _INITIALIZED = True
 
 
@@ -82,12 +82,6 @@ def signature_text(params: Iterable[tuple[str, str, Iterable[int | str]]]) -> st
         params: (name, dtype, dims) per buffer parameter, in order.
     """
     return ";".join(f"{name}:{dtype}[{','.join(str(d) for d in dims)}]" for name, dtype, dims in params)
-
-
-def have_openmp() -> bool:
-    """Whether libgomp (the runtime of parallel loops) is loaded and resolves `GOMP_parallel`."""
-    initialize()
-    return llvm.address_of_symbol("GOMP_parallel") not in (None, 0)
 
 
 def target_triple(target: Target) -> str:
@@ -140,7 +134,7 @@ def check_symbols(names: Iterable[str], kernel: str) -> None:
 # What kiln's code generator makes object code call, and nothing else: the libm functions of its
 # float64 math and of the intrinsics LLVM lowers to calls (sin, cos, pow, exp2, ... and sincos, which
 # LLVM forms from a sin and a cos of one value; floor/ceil/roundeven/... on CPUs without SSE4.1), the
-# heap temporaries, the memory intrinsics, libgomp's entry points of parallel loops, and the float16
+# heap temporaries, the memory intrinsics, kiln's thread pool (parallel loops), and the float16
 # conversions of compiler-rt/libgcc (listed so that they are checked to resolve, not bound to 0).
 _LIBM_BASE = ("sin", "cos", "tan", "sincos", "pow", "exp", "exp2", "exp10", "log", "log2", "log10", "tanh",
               "erf", "fmod", "floor", "ceil", "round", "roundeven", "trunc", "rint", "nearbyint", "sqrt",
@@ -148,7 +142,7 @@ _LIBM_BASE = ("sin", "cos", "tan", "sincos", "pow", "exp", "exp2", "exp10", "log
 ALLOWED_SYMBOLS: frozenset[str] = frozenset(
     [*_LIBM_BASE, *(n + "f" for n in _LIBM_BASE),
      "memset", "memcpy", "memmove", "aligned_alloc", "malloc", "free", "posix_memalign",
-     "GOMP_parallel", "omp_get_num_threads", "omp_get_thread_num",
+     pool.PARALLEL_FOR,
      "__extendhfsf2", "__truncsfhf2", "__truncdfhf2", "__gnu_h2f_ieee", "__gnu_f2h_ieee"]
 )
 # Names the JIT's own linker defines (the GOT of position-independent code), never looked up in the process.

@@ -274,7 +274,7 @@ def _positive(value: int) -> bool:
     return value > 0
 
 
-_MAX_CORES = 1024  # libgomp ends the process when it cannot create the threads asked for
+_MAX_CORES = 1024  # kiln's thread pool has at most 1023 workers beside the calling thread
 
 
 def _cores(value: int) -> bool:
