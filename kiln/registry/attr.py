@@ -127,6 +127,13 @@ FStrategy: AttrKey[Implementation] = AttrKey(
     "more implementations of the op: FStrategy[target:name]",
     qualified_by="'target:name'",
 )
+FAlterOpLayout: AttrKey[Callable[..., Any]] = AttrKey(
+    "FAlterOpLayout", "a callable", is_callable,
+    "(attrs, args, arg_types, target) -> Expr | None: the call rewritten for one target kind, its constant "
+    "operands in the layout its fast implementation reads (FoldConstant then transforms them at build time); "
+    "FAlterOpLayout[kind]",
+    qualified_by="a target kind name",
+)
 FPrimalGradient: AttrKey[Callable[..., Any]] = AttrKey(
     "FPrimalGradient", "a callable", is_callable, "(call, output_grad) -> list of input gradients"
 )
@@ -143,6 +150,7 @@ OP_ATTR_KEYS: tuple[AttrKey[Any], ...] = (
     FCompute,
     FSchedule,
     FStrategy,
+    FAlterOpLayout,
     FPrimalGradient,
     TOpIsStateful,
     FReference,

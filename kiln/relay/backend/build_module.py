@@ -3,13 +3,15 @@
 The steps: bind `params` as constants; run the optimization passes under the
 current `PassContext` (each pass runs only if its opt level is at most the
 context's; outside any `with PassContext(...)` relay.build uses opt level 3, as
-TVM's `relay.build` is used, so FoldScaleAxis runs); fuse;
-compile each primitive function (structurally equal ones once); walk the main
-function to lay out the graph's slots and launches; plan its memory.
+TVM's `relay.build` is used, so FoldScaleAxis and AlterOpLayout run; the
+target is current meanwhile, AlterOpLayout reads it); fuse; compile each
+primitive function (structurally equal ones once); walk the main function to
+lay out the graph's slots and launches; plan its memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,7 +42,8 @@ def build_passes() -> list[Pass]:
     """relay.build's optimization pipeline, in order (each pass is gated by its own opt level)."""
     # ToGraphNormalForm first: fusion and the graph layout see let-bound values as ordinary shared nodes
     return [t.InferType(), t.ToGraphNormalForm(), t.SimplifyInference(), t.FoldConstant(), t.FoldScaleAxis(),
-            t.FoldConstant(), t.EliminateCommonSubexpr(), t.DeadCodeElimination(), t.FuseOps(), t.InferType()]
+            t.AlterOpLayout(), t.FoldConstant(), t.EliminateCommonSubexpr(), t.DeadCodeElimination(), t.FuseOps(),
+            t.InferType()]
 
 
 class _Bind(ExprMutator):
@@ -87,13 +90,20 @@ def _main(mod: IRModule | rx.Function, params: Mapping[str, Any] | None) -> IRMo
     return IRModule.from_expr(func)
 
 
-def optimize(mod: IRModule | rx.Function, params: Mapping[str, Any] | None = None) -> IRModule:
+def optimize(mod: IRModule | rx.Function, params: Mapping[str, Any] | None = None,
+             target: str | Target | None = None) -> IRModule:
     """`mod` as relay.build compiles it: `params` bound as constants, then `build_passes()` (fused).
+
+    Args:
+        mod: an IRModule (its "main") or a Function.
+        params: values of main's parameters to bind as constants.
+        target: the target the calls are rewritten for (AlterOpLayout); None: the current one, if any.
 
     Raises:
         BuildError: if main is not a function, or `params` do not match its parameters.
     """
-    with build_context():
+    tgt = Target(target) if isinstance(target, str) else target
+    with build_context(), (tgt if tgt is not None else contextlib.nullcontext()):
         return Sequential(build_passes(), name="relay.build")(_main(mod, params))
 
 
@@ -244,7 +254,7 @@ def build(
     """
     tgt = target if isinstance(target, Target) else Target(target)
     tgt.backend()  # a kind without a back end fails here, before any pass runs
-    mod = optimize(mod, params)
+    mod = optimize(mod, params, tgt)
     builder = _GraphBuilder(tgt, progress)
     graph = builder.build(mod["main"])
     return Library(graph, [k.module for k in builder.kernels], tgt)

@@ -11,6 +11,7 @@ share, are each op's "tiled" implementation, so the chains come after them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,11 +19,11 @@ import attrs
 import numpy as np
 
 from kiln import te
-from kiln.ir.attrs import Attrs, bool_value, int_range, optional
+from kiln.ir.attrs import Attrs, FieldError, bool_value, int_range, optional
 from kiln.ir.dtype import DataType
-from kiln.ir.types import Dim, TensorType, Type
+from kiln.ir.types import Dim, TensorType, Type, dim_mul
 from kiln.registry import OpPattern, attr, register_op
-from kiln.relay.expr import Call, Expr, call
+from kiln.relay.expr import Call, Constant, Expr, call
 from kiln.relay.op._nn_util import Array, differ, dtype_of, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, broadcast_dim, broadcast_shapes, same_dtype, tensor_args
@@ -38,9 +39,18 @@ from kiln.relay.op._schedule import (
     worth_parallel,
 )
 from kiln.relay.op.conv import dtype_or_none, optional_dtype
+from kiln.relay.op.shape import reshape, transpose
 from kiln.tir.expr import PrimExpr
 
 # --- nn.dense, nn.matmul, nn.batch_matmul: attrs, relations, references, direct computes ----------
+
+
+_WEIGHT_LAYOUT = re.compile(r"NK|NK[1-9][0-9]*n")
+
+
+def _weight_layout(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str) or not _WEIGHT_LAYOUT.fullmatch(value):
+        raise FieldError(field.name, "'NK' or 'NK<b>n' (b a positive int, e.g. 'NK64n')", value)
 
 
 @attrs.frozen
@@ -51,6 +61,13 @@ class DenseAttrs(Attrs):
     out_dtype: DataType | None = attrs.field(
         default=None, converter=optional_dtype, validator=dtype_or_none, metadata={"doc": "output dtype; None: data's"}
     )
+    weight_layout: str = attrs.field(default="NK", validator=_weight_layout, metadata={
+        "doc": "NK: weight (N, K); NK<b>n: packed in blocks of b rows, (N/b, K, b) (AlterOpLayout makes it)"})
+
+    @property
+    def weight_block(self) -> int:
+        """b of an NK<b>n weight layout; 0 for NK."""
+        return 0 if self.weight_layout == "NK" else int(self.weight_layout[2:-1])
 
 
 def _dense_rel(arg_types: list[Type], attrs: DenseAttrs) -> Type | None:
@@ -60,9 +77,14 @@ def _dense_rel(arg_types: list[Type], attrs: DenseAttrs) -> Type | None:
     data, weight = tensors
     if data.ndim < 1:
         raise RelationError(f"expected data of rank >= 1, (..., K), found {data}", arg=0)
-    if weight.ndim != 2:
-        raise RelationError(f"expected a weight of rank 2, (units, K), found {weight}", arg=1)
-    units, k = weight.shape
+    block = attrs.weight_block
+    if weight.ndim != (3 if block else 2):
+        want = f"rank 3, (units/{block}, K, {block})" if block else "rank 2, (units, K)"
+        raise RelationError(f"expected a weight of {want} (weight_layout {attrs.weight_layout}), found {weight}", arg=1)
+    if block and differ(weight.shape[2], block):
+        raise RelationError(f"weight_layout {attrs.weight_layout} needs a weight (units/{block}, K, {block}), "
+                            f"found {weight}", arg=1)
+    units, k = (dim_mul(weight.shape[0], block), weight.shape[1]) if block else weight.shape
     if differ(data.shape[-1], k):
         raise RelationError(
             f"data {data} has K={data.shape[-1]} (its last dim) but weight {weight} has K={k} (its dim 1)", arg=1
@@ -75,8 +97,14 @@ def _dense_rel(arg_types: list[Type], attrs: DenseAttrs) -> Type | None:
     return TensorType((*data.shape[:-1], units), attrs.out_dtype or dtype)
 
 
+def unpack_weight(w: Array, block: int) -> Array:
+    """A dense weight of layout NK<block>n, (N/block, K, block), as (N, K)."""
+    return w.transpose(0, 2, 1).reshape(-1, w.shape[1]) if block else w
+
+
 def _dense_ref(attrs: DenseAttrs, x: Array, w: Array) -> Array:
     dtype = attrs.out_dtype.numpy() if attrs.out_dtype else x.dtype
+    w = unpack_weight(w, attrs.weight_block)
     return np.asarray(np.matmul(x.astype(dtype), w.astype(dtype).T))
 
 
@@ -84,10 +112,13 @@ def _dense_compute(attrs: DenseAttrs, inputs: list[te.Tensor], out_type: Type) -
     x, w = inputs
     dtype = dtype_of(out_type)
     k = te.reduce_axis((0, tensor_shape(w)[1]), name="k")
+    block = attrs.weight_block
 
     def product(*i: PrimExpr) -> PrimExpr:
         row = (*i[:-1], k)
-        return te.sum(te.cast(x[row], dtype) * te.cast(w[i[-1], k], dtype), axis=k)
+        n = i[-1]
+        weight = w[n // block, k, n % block] if block else w[n, k]
+        return te.sum(te.cast(x[row], dtype) * te.cast(weight, dtype), axis=k)
 
     return [te.compute(static_shape(out_type), product, name="dense")]
 
@@ -227,9 +258,10 @@ class _Product:
         self.dtype = dtype_of(out_type)
         self.nb = len(self.shape) - 2
         self.ta, self.tb = (False, True) if isinstance(attrs, DenseAttrs) else (attrs.transpose_a, attrs.transpose_b)
+        self.block = attrs.weight_block if isinstance(attrs, DenseAttrs) else 0  # b packed as (N/block, K, block)
         a_shape = tensor_shape(self.a)
         self.k = a_shape[-2] if self.ta else a_shape[-1]
-        self.b_nk = self.tb and not self.ta  # both operands contiguous along K
+        self.b_nk = self.tb and not self.ta and not self.block  # both operands contiguous along K
 
     def a_at(self, batch: Sequence[PrimExpr], m: PrimExpr, k: PrimExpr) -> PrimExpr:
         """a's element (m, k) of output batch `batch`, in the output dtype."""
@@ -238,6 +270,8 @@ class _Product:
 
     def b_at(self, batch: Sequence[PrimExpr], n: PrimExpr, k: PrimExpr) -> PrimExpr:
         """b's element (k, n) of output batch `batch`, in the output dtype."""
+        if self.block:  # a packed dense weight: no batch dims
+            return te.cast(self.b[n // self.block, k, n % self.block], self.dtype)
         bi = (*_batch_index(batch, tensor_shape(self.b)[:-2]), *((n, k) if self.tb else (k, n)))
         return te.cast(self.b[bi], self.dtype)
 
@@ -283,9 +317,20 @@ class _Product:
         return te.compute(self.shape, total, name=name, attrs={"tiles": tiles, "partial": p})
 
     def outer(self, name: str, tiles: tuple[int, int]) -> te.Tensor:
-        """The outer form: the direct sum along K, scheduled with N in vectors."""
+        """The outer form: the direct sum along K, scheduled with N in vectors.
+
+        When the row tile does not divide M, the last tile's rows past M read a's last row (their
+        results are never stored): the tile's loads stay in bounds and its loop stays unguarded.
+        """
         k = te.reduce_axis((0, self.k), name="k")
-        return te.compute(self.shape, lambda *i: te.sum(self.term(i, k), axis=k), name=name, attrs={"tiles": tiles})
+        last = self.shape[-2] - 1
+
+        def product(*i: PrimExpr) -> PrimExpr:
+            if self.shape[-2] % tiles[0]:
+                i = (*i[:-2], te.min(i[-2], last), i[-1])
+            return te.sum(self.term(i, k), axis=k)
+
+        return te.compute(self.shape, product, name=name, attrs={"tiles": tiles})
 
 
 def _product_compute(attrs: DenseAttrs | MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tensor],
@@ -299,6 +344,8 @@ def _product_compute(attrs: DenseAttrs | MatmulAttrs | BatchMatmulAttrs, inputs:
     name = "dense" if isinstance(attrs, DenseAttrs) else "matmul"
     *_, m, n = prod.shape
     lanes = vector_lanes(prod.dtype)
+    if prod.block:  # b packed at build time (AlterOpLayout): the outer form reads its panels as they are
+        return [prod.outer(name, (min(m, _MAX_TILE), prod.block))]
     if prod.nb == 0 and m * n * prod.k >= _PACK_MIN and m % _MAX_TILE == 0 and n % (4 * lanes) == 0:
         return [prod.packed(name, _MAX_TILE, 4 * lanes)]
     bm = divisor_at_most(m, _MAX_TILE)
@@ -353,6 +400,24 @@ def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: 
 # --- nn.dense, nn.matmul, nn.batch_matmul: declarations and constructors --------------------------
 
 
+def _dense_alter_llvm(attrs: DenseAttrs, args: list[Expr], arg_types: list[Type], target: Any) -> Expr | None:
+    """On llvm, a constant float weight (N, K) with N a multiple of 4 vectors is packed into (N/b, K, b)
+    panels once at build time: the tiled product then reads b contiguous outputs' weights per step of K
+    instead of packing (gathering) the weight on every run."""
+    data, weight = args
+    dt, wt = arg_types
+    if attrs.weight_layout != "NK" or not isinstance(weight, Constant) or not isinstance(wt, TensorType):
+        return None
+    if not isinstance(dt, TensorType) or str(dt.dtype) != str(wt.dtype) or str(wt.dtype) not in ("float32", "float64"):
+        return None
+    n, k = wt.concrete_shape
+    block = 4 * vector_lanes(str(wt.dtype))
+    if n % block:
+        return None
+    packed = transpose(reshape(weight, (n // block, block, k)), (0, 2, 1))
+    return dense(data, packed, attrs.units, attrs.out_dtype, weight_layout=f"NK{block}n")
+
+
 (register_op("nn.dense").describe("data @ weight.T: (..., K) x (N, K) -> (..., N)")
     .add_argument("data", "Tensor", "the input, (..., K)")
     .add_argument("weight", "Tensor", "the weight, (N, K)")
@@ -362,24 +427,28 @@ def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: 
     .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
     .set_attr(attr.FReference, _dense_ref)
     .set_attr(attr.FCompute, _dense_compute)
+    .set_attr(attr.FAlterOpLayout["llvm"], _dense_alter_llvm)
     .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
                         dtypes=("float32", "float64"), priority=10))
 
 
 @constructor("nn.dense")
-def dense(data: Expr, weight: Expr, units: int | None = None, out_dtype: Any = None) -> Call:
+def dense(data: Expr, weight: Expr, units: int | None = None, out_dtype: Any = None,
+          weight_layout: str = "NK") -> Call:
     """A fully connected layer without bias: data @ weight.T.
 
     Args:
         data: the input, (..., K).
-        weight: the weight, (N, K).
+        weight: the weight, (N, K), or (N/b, K, b) for weight_layout "NK<b>n".
         units: N, checked against the weight.
         out_dtype: the output dtype; None for the input's.
+        weight_layout: "NK", or "NK<b>n" for a weight packed in blocks of b rows.
 
     Returns:
         The call of nn.dense.
     """
-    return call("nn.dense", [data, weight], DenseAttrs.make("nn.dense", units=units, out_dtype=out_dtype))
+    return call("nn.dense", [data, weight],
+                DenseAttrs.make("nn.dense", units=units, out_dtype=out_dtype, weight_layout=weight_layout))
 
 
 (register_op("nn.matmul").describe("matrix product of the last two dims, batch dims broadcast as numpy.matmul")

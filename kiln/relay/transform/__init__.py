@@ -9,6 +9,7 @@
 | EliminateCommonSubexpr | 3 | merges structurally equal calls |
 | DeadCodeElimination | 1 | removes unused let bindings and untaken constant branches |
 | FoldScaleAxis | 3 | folds a per-channel scale after conv2d / dense into the weight |
+| AlterOpLayout | 3 | rewrites calls into the form their target's fast implementation reads (FAlterOpLayout[kind]) |
 | FuseOps | 1 | groups calls into primitive functions by TOpPattern (fuse_ops.py; `fusion_report` says why) |
 
 Every pass leaves the module typed, and runs under `PassContext(verify=True)`.
@@ -28,6 +29,7 @@ def InferType() -> ModulePass:
 register_pass_factory("InferType", InferType)
 
 # The optimization passes (imported after InferType exists: they require it by name).
+from kiln.relay.transform.alter_op_layout import AlterOpLayout
 from kiln.relay.transform.cse import EliminateCommonSubexpr
 from kiln.relay.transform.dce import DeadCodeElimination
 from kiln.relay.transform.fold_constant import FoldConstant
@@ -44,10 +46,12 @@ for _name, _factory in (
     ("EliminateCommonSubexpr", EliminateCommonSubexpr),
     ("DeadCodeElimination", DeadCodeElimination),
     ("FoldScaleAxis", FoldScaleAxis),
+    ("AlterOpLayout", AlterOpLayout),
 ):
     register_pass_factory(_name, _factory)
 
 __all__ = [
+    "AlterOpLayout",
     "DeadCodeElimination",
     "EliminateCommonSubexpr",
     "FoldConstant",

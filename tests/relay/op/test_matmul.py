@@ -60,3 +60,37 @@ def test_batch_matmul_builds(transpose_a, transpose_b, batch_x, batch_y) -> None
     x = rand(batch_x, *((k, m) if transpose_a else (m, k)))
     y = rand(batch_y, *((n, k) if transpose_b else (k, n)))
     check_build("nn.batch_matmul", x, y, rtol=1e-5, atol=1e-5, transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+# -- nn.dense with a weight packed at build time (weight_layout NK<b>n, made by AlterOpLayout on llvm) --------
+
+
+def _pack(w: np.ndarray, block: int) -> np.ndarray:
+    n, k = w.shape
+    return np.ascontiguousarray(w.reshape(n // block, block, k).transpose(0, 2, 1))
+
+
+@pytest.mark.parametrize(("x_shape", "n"), [((1, 16), 64), ((5, 24), 128), ((197, 40), 64), ((2, 3, 8), 64)])
+def test_dense_with_a_packed_weight_builds(x_shape, n) -> None:
+    x, w = rand(*x_shape), rand(n, x_shape[-1])
+    assert np.allclose(matmul.unpack_weight(_pack(w, 64), 64), w)
+    check_build("nn.dense", x, _pack(w, 64), weight_layout="NK64n", rtol=1e-5, atol=1e-5)
+    check_build("nn.dense", x.astype("float64"), _pack(w, 32).astype("float64"), weight_layout="NK32n", rtol=1e-12)
+
+
+def test_dense_weight_layout_is_checked() -> None:
+    from kiln import relay
+    from kiln.ir.attrs import AttrsError
+    from kiln.relay.type_infer import TypeInferenceError
+
+    with pytest.raises(AttrsError, match="weight_layout.*'NK<b>n'"):
+        nn.dense(relay.var("x", shape=(2, 8)), relay.var("w", shape=(1, 8, 64)), weight_layout="KN")
+    x, w = relay.var("x", shape=(2, 8)), relay.var("w", shape=(64, 8))
+    with pytest.raises(TypeInferenceError, match="rank 3, \\(units/64, K, 64\\)"):
+        relay.infer_type(relay.Function([x, w], nn.dense(x, w, weight_layout="NK64n")))
+    w3 = relay.var("w", shape=(2, 8, 32))
+    with pytest.raises(TypeInferenceError, match="needs a weight \\(units/64, K, 64\\)"):
+        relay.infer_type(relay.Function([x, w3], nn.dense(x, w3, weight_layout="NK64n")))
+    packed = relay.var("w", shape=(2, 8, 64))
+    f = relay.infer_type(relay.Function([x, packed], nn.dense(x, packed, weight_layout="NK64n")))
+    assert tuple(f.checked_type.ret_type.shape) == (2, 128)
