@@ -236,26 +236,16 @@ def _dropout(node: OnnxNode) -> list[Expr]:
 # --- products -------------------------------------------------------------------------------------
 
 
-def _dense(node: OnnxNode, a: Expr, b_t: Expr) -> Expr:
-    """a (..., K) @ b_t (N, K)ᵀ, through nn.dense on the flattened leading dims."""
-    shape = node.shape(a)
-    if len(shape) == 2:
-        return relay.nn.dense(a, b_t)
-    lead = node.static_shape(a)[:-1]
-    n = node.static_shape(b_t)[0]
-    flat = relay.reshape(a, (int(np.prod(lead)), shape[-1]), allowzero=True)  # type: ignore[arg-type]
-    return relay.reshape(relay.nn.dense(flat, b_t), (*lead, n), allowzero=True)
-
-
 @onnx_converter("MatMul", since=1)
 def _matmul(node: OnnxNode) -> Expr:
     a, b = node.input(0), node.input(1)
     ra, rb = node.ndim(a), node.ndim(b)
     if ra == 0 or rb == 0:
         raise node.error("MatMul needs operands of rank 1 or more")
-    if rb == 2 and ra >= 2 and all(isinstance(d, int) for d in node.shape(a)[:-1]):
-        # A weight matrix: nn.dense on (rows, K) against Bᵀ (folded when B is constant).
-        return _dense(node, a, relay.transpose(b, (1, 0)))
+    if rb == 2 and ra >= 2:
+        # A weight matrix: nn.dense of (..., K) against Bᵀ (folded when B is constant). Without a reshape
+        # to 2-D around it, a following bias add or activation fuses into the product's epilogue.
+        return relay.nn.dense(a, relay.transpose(b, (1, 0)))
     squeeze: list[int] = []
     if ra == 1:
         a = relay.expand_dims(a, 0)

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from kiln import relay  # noqa: E402
 from kiln.cli import main  # noqa: E402
 from kiln.ir.types import SizeVar  # noqa: E402
+from kiln.relay.backend import build_module  # noqa: E402
 from kiln.relay.frontend import OnnxImportError, OnnxUnsupportedError, from_onnx, onnx_converter  # noqa: E402
 from kiln.relay.frontend.onnx import find_converter  # noqa: E402
 from kiln.testing import onnx_models  # noqa: E402
@@ -220,6 +221,17 @@ def test_the_transformers_shape_arithmetic_folds_away() -> None:
     ops = {n.op.name for n in relay.analysis.post_order(mod["main"]) if isinstance(n, relay.Call)}
     assert "shape_of" not in ops and "concatenate" not in ops and "take" not in ops
     assert "nn.dense" in ops  # MatMul against a weight matrix becomes nn.dense
+
+
+def test_a_3d_matmul_fuses_with_its_bias_add() -> None:
+    """MatMul (1, S, K) x (K, N) becomes nn.dense on the 3-D input, not reshape -> dense -> reshape:
+    the bias Add after it (and GELU after that) run in the product's epilogue."""
+    mod, params = from_onnx(onnx_models.transformer_encoder())
+    _, report = build_module.optimize_explained(mod, params)
+    dense_groups = [g.ops for g in report.groups if "nn.dense" in g.ops]
+    assert len(dense_groups) == 6
+    assert all(ops[:2] == ("nn.dense", "add") for ops in dense_groups), dense_groups
+    assert any("erf" in ops for ops in dense_groups)
 
 
 # --- the command line -------------------------------------------------------------------------------------
