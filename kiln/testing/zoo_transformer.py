@@ -1,0 +1,192 @@
+"""The zoo's transformers, at their real widths by default, batch 1.
+
+Each function returns an `onnx.ModelProto` (opset 17) with random weights,
+written as torch.onnx.export writes the reference implementation: linear
+layers as MatMul + Add (GPT-2's Conv1D as Reshape → Gemm → Reshape, its
+addmm), LayerNormalization, GELU written with Erf (GPT-2's with Tanh), heads
+split by Reshape + Transpose, scores scaled by a constant, Softmax over the
+last axis. Weights are Xavier-like (1/sqrt(fan in)), so activations stay O(1).
+
+- `vit_b16`: ViT-B/16: a 16x16 patchify Conv, class token Concat, position embedding Add, pre-norm
+  encoder layers (hidden 768, 12 heads, MLP 3072; 4 layers by default), the class token's logits.
+- `bert_base`: BERT-base's encoder from token ids (Gather of the word embeddings, the position and
+  token-type embeddings folded into constants), post-norm layers, an optional attention mask input
+  turned into an additive -10000 mask; the head split goes through the Shape → Gather → Concat chains
+  export writes for `x.size()[:-1] + (heads, head_dim)`.
+- `gpt2_blocks`: GPT-2 blocks on hidden states: pre-norm, fused QKV projection Split in three, a causal
+  mask applied with Where (torch.finfo(float32).min where masked), gelu_new (Tanh), final LayerNorm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kiln.testing.zoo_graph import ZooBuilder
+
+_I64 = np.int64
+
+
+def _attention(b: ZooBuilder, q: str, k: str, v: str, split: Callable[[str, bool], str],
+               merge: Callable[[str], str], scale: float, mask: Callable[[str], str] | None = None) -> str:
+    """softmax(q kᵀ / sqrt(d) + mask) v for projected (1, seq, hidden) q, k, v; returns (1, seq, hidden).
+
+    `split(t, key)` gives the (1, heads, seq, d) heads, or (1, heads, d, seq) for the key;
+    `merge` undoes it on the context.
+    """
+    scores = b.node("Div", [b.node("MatMul", [split(q, False), split(k, True)]), b.scalar(scale)])
+    if mask is not None:
+        scores = mask(scores)
+    probs = b.node("Softmax", [scores], axis=-1)
+    return merge(b.node("MatMul", [probs, split(v, False)]))
+
+
+def _static_heads(b: ZooBuilder, seq: int, hidden: int, heads: int) -> tuple[Callable[[str, bool], str],
+                                                                              Callable[[str], str]]:
+    """Head split and merge with constant shapes; the key's two Transposes fused into one, as export does."""
+
+    def split(t: str, key: bool) -> str:
+        t = b.node("Reshape", [t, b.ints([1, seq, heads, hidden // heads])], allowzero=0)
+        return b.node("Transpose", [t], perm=[0, 2, 3, 1] if key else [0, 2, 1, 3])
+
+    def merge(t: str) -> str:
+        t = b.node("Transpose", [t], perm=[0, 2, 1, 3])
+        return b.node("Reshape", [t, b.ints([1, seq, hidden])], allowzero=0)
+
+    return split, merge
+
+
+def _dynamic_heads(b: ZooBuilder, hidden: int, heads: int) -> tuple[Callable[[str, bool], str],
+                                                                     Callable[[str], str]]:
+    """Head split and merge with the shapes computed at run time, as export writes `x.size()` arithmetic."""
+
+    def split(t: str, key: bool) -> str:
+        shape = b.node("Shape", [t])
+        dims = [b.node("Unsqueeze", [b.node("Gather", [shape, b.const(b.fresh("idx"), np.array(i, _I64))], axis=0),
+                                     b.ints([0])]) for i in (0, 1)]
+        new_shape = b.node("Concat", [*dims, b.ints([heads, hidden // heads])], axis=0)
+        t = b.node("Reshape", [t, new_shape], allowzero=0)
+        return b.node("Transpose", [t], perm=[0, 2, 3, 1] if key else [0, 2, 1, 3])
+
+    def merge(t: str) -> str:
+        t = b.node("Transpose", [t], perm=[0, 2, 1, 3])
+        lead = b.node("Slice", [b.node("Shape", [t]), b.ints([0]), b.ints([-2]), b.ints([0])])
+        return b.node("Reshape", [t, b.node("Concat", [lead, b.ints([hidden])], axis=0)], allowzero=0)
+
+    return split, merge
+
+
+def vit_b16(seed: int = 0, image: int = 224, patch: int = 16, hidden: int = 768, heads: int = 12,
+            mlp: int = 3072, layers: int = 4, classes: int = 1000) -> Any:
+    """ViT-B/16 (torchvision's vit_b_16 layout, `layers` encoder layers) on a (1, 3, image, image) input.
+
+    Args:
+        seed: the weights' seed.
+        image: the input's height and width (a multiple of `patch`).
+        patch: the patch size (the patchify Conv's kernel and stride).
+        hidden: the model width.
+        heads: attention heads (dividing `hidden`).
+        mlp: the MLP's hidden width.
+        layers: encoder layers.
+        classes: the logits.
+    """
+    b = ZooBuilder(seed)
+    tokens = (image // patch) ** 2
+    seq = tokens + 1
+    x = b.input("input", [1, 3, image, image])
+    x = b.conv(x, 3, hidden, patch, stride=patch, pad=0)
+    x = b.node("Transpose", [b.node("Reshape", [x, b.ints([1, hidden, tokens])], allowzero=0)], perm=[0, 2, 1])
+    x = b.node("Concat", [b.normal("class_token", (1, 1, hidden), 1.0), x], axis=1)
+    x = b.node("Add", [x, b.normal("pos_embedding", (1, seq, hidden), 0.5)])
+    split, merge = _static_heads(b, seq, hidden, heads)
+    for _ in range(layers):
+        y = b.layer_norm(x, hidden, eps=1e-6)
+        ctx = _attention(b, b.linear(y, hidden, hidden), b.linear(y, hidden, hidden), b.linear(y, hidden, hidden),
+                         split, merge, float(np.sqrt(hidden // heads)))
+        x = b.node("Add", [x, b.linear(ctx, hidden, hidden)])
+        y = b.layer_norm(x, hidden, eps=1e-6)
+        x = b.node("Add", [x, b.linear(b.gelu(b.linear(y, hidden, mlp)), mlp, hidden)])
+    x = b.layer_norm(x, hidden, eps=1e-6)
+    x = b.node("Gather", [x, b.const("class_index", np.array(0, _I64))], axis=1)
+    return b.model("vit_b16", [], b.gemm(x, hidden, classes), [1, classes])
+
+
+def bert_base(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 12, ffn: int = 3072, layers: int = 2,
+              vocab: int = 30522, attention_mask: bool = True) -> Any:
+    """BERT-base's encoder (HF BertModel without the pooler) from (1, seq) int64 `input_ids`.
+
+    Args:
+        seed: the weights' seed.
+        seq: the sequence length.
+        hidden: the model width.
+        heads: attention heads (dividing `hidden`).
+        ffn: the feed-forward width.
+        layers: encoder layers.
+        vocab: the word embedding's rows (the token ids are below it).
+        attention_mask: take an int64 (1, seq) `attention_mask` input (1: attend, 0: padding).
+
+    Returns:
+        The model; its output is the last hidden state, (1, seq, hidden).
+    """
+    b = ZooBuilder(seed)
+    b.metadata["kiln.zoo.vocab"] = str(vocab)
+    ids = b.input("input_ids", [1, seq], b.onnx.TensorProto.INT64)
+    x = b.node("Gather", [b.normal("word_embeddings", (vocab, hidden), 1.0), ids], axis=0)
+    x = b.node("Add", [x, b.normal("token_type_embeddings", (1, seq, hidden), 0.5)])
+    x = b.node("Add", [x, b.normal("position_embeddings", (1, seq, hidden), 0.5)])
+    x = b.layer_norm(x, hidden, eps=1e-12)
+    add_mask = None
+    if attention_mask:
+        m = b.input("attention_mask", [1, seq], b.onnx.TensorProto.INT64)
+        m = b.node("Cast", [b.node("Unsqueeze", [m, b.ints([1, 2])])], to=b.float)
+        m = b.node("Mul", [b.node("Sub", [b.scalar(1.0), m]), b.scalar(-10000.0)])
+
+        def add_mask(scores: str) -> str:
+            return b.node("Add", [scores, m])
+
+    split, merge = _dynamic_heads(b, hidden, heads)
+    for _ in range(layers):
+        ctx = _attention(b, b.linear(x, hidden, hidden), b.linear(x, hidden, hidden), b.linear(x, hidden, hidden),
+                         split, merge, float(np.sqrt(hidden // heads)), add_mask)
+        x = b.layer_norm(b.node("Add", [b.linear(ctx, hidden, hidden), x]), hidden, eps=1e-12)
+        h = b.linear(b.gelu(b.linear(x, hidden, ffn)), ffn, hidden)
+        x = b.layer_norm(b.node("Add", [h, x]), hidden, eps=1e-12)
+    return b.model("bert_base", [], x, [1, seq, hidden])
+
+
+def gpt2_blocks(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 12, layers: int = 2) -> Any:
+    """GPT-2 (small) blocks and the final LayerNorm on (1, seq, hidden) `hidden_states`.
+
+    Args:
+        seed: the weights' seed.
+        seq: the sequence length.
+        hidden: the model width (the MLP's is 4x).
+        heads: attention heads (dividing `hidden`).
+        layers: transformer blocks.
+    """
+    b = ZooBuilder(seed)
+    x = b.input("hidden_states", [1, seq, hidden])
+    causal = b.const("causal_mask", np.tril(np.ones((seq, seq), np.bool_))[None, None])
+    masked = b.const("mask_value", np.array(np.finfo(np.float32).min, np.float32))
+
+    def conv1d(t: str, n_in: int, n_out: int) -> str:
+        # addmm(bias, x.view(-1, n_in), weight).view(1, seq, n_out)
+        flat = b.node("Reshape", [t, b.ints([-1, n_in])], allowzero=0)
+        w = b.normal("conv1d.weight", (n_in, n_out), float(1.0 / np.sqrt(n_in)))
+        y = b.node("Gemm", [flat, w, b.normal("conv1d.bias", (n_out,), 0.02)], alpha=1.0, beta=1.0)
+        return b.node("Reshape", [y, b.ints([1, seq, n_out])], allowzero=0)
+
+    def causal_mask(scores: str) -> str:
+        return b.node("Where", [causal, scores, masked])
+
+    split, merge = _static_heads(b, seq, hidden, heads)
+    for _ in range(layers):
+        q, k, v = b.multi("Split", [conv1d(b.layer_norm(x, hidden), hidden, 3 * hidden), b.ints([hidden] * 3)], 3,
+                          axis=2)
+        ctx = _attention(b, q, k, v, split, merge, float(np.sqrt(hidden // heads)), causal_mask)
+        x = b.node("Add", [conv1d(ctx, hidden, hidden), x])
+        h = conv1d(b.gelu_tanh(conv1d(b.layer_norm(x, hidden), hidden, 4 * hidden)), 4 * hidden, hidden)
+        x = b.node("Add", [x, h])
+    return b.model("gpt2_blocks", [], b.layer_norm(x, hidden), [1, seq, hidden])
