@@ -4,7 +4,9 @@ Times are medians of `repeat` runs after warm-up runs. onnxruntime runs first
 (its worker threads stop spinning before kiln is timed), with its default
 session options; kiln runs the library relay.build made for the target. The
 ratio printed is onnxruntime's time over kiln's: above 1, kiln is faster.
-The outputs of both are compared, so a fast wrong answer shows.
+The outputs of both are compared, so a fast wrong answer shows. With
+`per_kernel`, each kernel launch is then timed on its own
+(`GraphExecutor.profile`) and the kernels are printed by time.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def compare(
     repeat: int = 50,
     onnxruntime: bool = True,
     out: IO[str] | None = None,
+    per_kernel: bool = False,
 ) -> dict[str, float]:
     """Compiles `mod`, times it on random inputs and, for an ONNX model, times onnxruntime beside it.
 
@@ -71,6 +74,7 @@ def compare(
         repeat: timed runs of each; the median is reported.
         onnxruntime: whether to time onnxruntime on `model` too.
         out: where to print (default stdout).
+        per_kernel: then time each kernel launch over `repeat` runs and print the kernels by time.
 
     Returns:
         The times in seconds by runner ("kiln", and "onnxruntime" when it ran), and the
@@ -112,6 +116,9 @@ def compare(
                  for a, b in zip(outputs, reference, strict=False)]
         times["max_abs_diff"] = max(diffs, default=0.0)
         print(f"max |kiln - onnxruntime| over the outputs: {times['max_abs_diff']:.3g}", file=stream)
+    if per_kernel:
+        print(file=stream)
+        print(ex.profile(repeat=repeat, warmup=1, **inputs), file=stream)
     return times
 
 

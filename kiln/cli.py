@@ -11,9 +11,10 @@ kiln compile MODEL [--params P.npz] [--shape ...] [--target llvm] -o OUT.kiln
                                  relay.build, then write the library file
 kiln run OUT.kiln --input x=x.npy [--input ...] [--output OUT.npy|OUT.npz]
                                  load a library, run it, save or summarize the outputs
-kiln bench MODEL [--shape ...] [--repeat N]
+kiln bench MODEL [--shape ...] [--repeat N] [--per-kernel]
                                  time the compiled model on random inputs, beside
-                                 onnxruntime for an .onnx model when it is installed
+                                 onnxruntime for an .onnx model when it is installed;
+                                 --per-kernel: then each kernel's time, slowest first
 kiln demo                        the main job that `make demo` runs
 
 MODEL is a file in the Relay text format, or an ONNX model (a name ending in
@@ -370,7 +371,7 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     if args.repeat < 1:
         raise CliError("--repeat must be at least 1")
     bench.compare(args.model, mod, params, target=args.target, repeat=args.repeat,
-                  onnxruntime=_is_onnx(args.model) and not args.no_onnxruntime)
+                  onnxruntime=_is_onnx(args.model) and not args.no_onnxruntime, per_kernel=args.per_kernel)
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
@@ -450,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--target", default="llvm", help="the target (default: llvm, the host CPU)")
     bench.add_argument("--repeat", type=int, default=50, help="timed runs of each (default 50); the median is shown")
     bench.add_argument("--no-onnxruntime", action="store_true", help="time kiln alone")
+    bench.add_argument("--per-kernel", action="store_true",
+                       help="then time each kernel launch on its own (median of --repeat runs) and print the "
+                            "kernels by time: the ops each fuses, calls, ms, share, output shape")
 
     run = _add(sub, "run", _cmd_run, "run a compiled library on inputs from .npy/.npz files",
                epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -333,3 +333,18 @@ def test_run_help_documents_the_output_files(capsys: pytest.CaptureFixture[str])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     assert "output_0" in text and "OUT_0.npy" in text and "FILE.npz" in text
+
+
+def test_bench_per_kernel_prints_the_kernels_by_time_after_the_times(files: dict[str, Path],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", str(files["model"]), "--params", str(files["params"]), "--repeat", "2", "--no-onnxruntime"]
+    assert main(args) == 0
+    assert "per-kernel profile" not in capsys.readouterr().out
+    assert main([*args, "--per-kernel"]) == 0
+    out = capsys.readouterr().out
+    times, profile = out.split("\nper-kernel profile: ")
+    assert "kiln " in times and "(median of 2)" in times
+    assert profile.startswith("1 kernel, 1 launch, median of 2 runs\n")
+    (row,) = [line for line in profile.splitlines() if "nn.dense+nn.bias_add+nn.relu" in line]
+    assert row.split()[1:2] == ["1"] and "100.0%" in row and "float32[4, 3]" in row
+    assert "a whole run:" in profile

@@ -2,7 +2,8 @@
 
 Outputs get fresh arrays on every run, so a later run never overwrites what
 an earlier one returned. The graph, the library and its file format live in
-`kiln.runtime.library`.
+`kiln.runtime.library`; `profile()` times each kernel launch of a run
+(`kiln.runtime.profile`).
 
 What the executor guarantees before native code runs:
 - every input a kernel sees is a C-contiguous, aligned, writeable array of the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -26,6 +28,7 @@ import numpy as np
 
 from kiln.runtime.library import ExecutorError, Library, Slot
 from kiln.runtime.module import KernelMemoryError, numpy_dtype
+from kiln.runtime.profile import Profile, make_profile
 from kiln.target import TDeviceType
 
 _ALIGN = 64
@@ -103,6 +106,10 @@ class _Host:
     def capacity() -> int | None:
         return host_memory_bytes()
 
+    @staticmethod
+    def synchronize() -> None:
+        """A host kernel is done when its call returns."""
+
 
 class _Device:
     """The arrays of a cuda library: cupy arrays on the current device."""
@@ -137,6 +144,12 @@ class _Device:
             return int(self.cupy.cuda.Device().mem_info[1])
         except (AttributeError, RuntimeError):  # no mem_info (a stand-in) or no device to ask
             return None
+
+    def synchronize(self) -> None:
+        """Waits for the kernels queued on the current stream (a launch returns before its kernel ends)."""
+        stream = getattr(self.cupy.cuda, "get_current_stream", None)
+        if stream is not None:  # a stand-in runs its kernels synchronously
+            stream().synchronize()
 
 
 # The arrays of each device type (a target kind's TDeviceType).
@@ -253,9 +266,63 @@ class GraphExecutor:
             ExecutorError: for missing inputs or inputs that do not fit (see `set_input`).
             KernelMemoryError: when an output or a kernel's temporary cannot be allocated.
         """
+        self._bind(inputs)
+        values, fresh = self._start()
+        with self._lock:
+            if self._entries is not None:
+                self._run_entries(values)
+            else:
+                self._run_checked(values)
+        self._state.outputs = self._finish(values, fresh)
+
+    def profile(self, repeat: int = 10, warmup: int = 1, **inputs: Any) -> Profile:
+        """Runs the model `warmup + repeat` times, timing each kernel launch on its own.
+
+        A launch is timed from its call until it returns (on a GPU, until the device
+        is done with it); the report holds each launch's median over the `repeat`
+        timed runs, the same grouped by kernel, and the median of the whole runs.
+        The outputs of the last run are this thread's outputs, as after `run`.
+
+        Args:
+            repeat: timed runs (at least 1).
+            warmup: untimed runs first (the first run checks every launch's arrays).
+            inputs: inputs to bind first, as for `run`.
+
+        Returns:
+            The `Profile`; `print(profile)` shows the kernels by time.
+
+        Raises:
+            ExecutorError: for a bad `repeat`, and as `run`.
+        """
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+            raise ExecutorError(f"profile: repeat must be an int of at least 1, got {repeat!r}")
+        self._bind(inputs)
+        g = self.lib.graph
+        launch_seconds: list[list[float]] = [[] for _ in g.launches]
+        run_seconds: list[float] = []
+        for n in range(max(warmup, 0) + repeat):
+            timed = n >= warmup
+            start = time.perf_counter()
+            values, fresh = self._start()
+            with self._lock:
+                times = launch_seconds if timed else None
+                if self._entries is not None and times is not None:
+                    self._run_entries_timed(values, times)
+                else:  # the first run checks every launch (and builds the fast path on the host)
+                    self._run_checked(values, times)
+            self._state.outputs = self._finish(values, fresh)
+            if timed:
+                run_seconds.append(time.perf_counter() - start)
+        return make_profile(g, [k.name for k in self.lib.kernels], launch_seconds, run_seconds)
+
+    def _bind(self, inputs: Mapping[str, Any]) -> None:
+        """Binds `inputs` for this thread, only once every one of them is accepted."""
         prepared = dict(self._prepare(name, value) for name, value in inputs.items())
+        self._state.bound.update(prepared)
+
+    def _start(self) -> tuple[list[Any], dict[int, Any]]:
+        """The values of a run (bound inputs, constants, planned buffers) and its fresh output arrays."""
         state = self._state
-        state.bound.update(prepared)  # only once every input given here is accepted
         g = self.lib.graph
         missing = [g.slots[s].name for s in g.inputs if s not in state.bound]
         if missing:
@@ -273,11 +340,11 @@ class GraphExecutor:
             if slot.kind == "output" and s not in fresh:
                 fresh[s] = values[s] = self._allocate(partial(self._xp.empty, slot.shape, numpy_dtype(slot.dtype)),
                                                       slot_bytes(slot), partial(self._describe_slot, s, k))
-        with self._lock:
-            if self._entries is not None:
-                self._run_entries(values)
-            else:
-                self._run_checked(values)
+        return values, fresh
+
+    def _finish(self, values: list[Any], fresh: dict[int, Any]) -> list[Any]:
+        """The outputs of a run: its fresh arrays, and copies of the outputs that are not fresh."""
+        g = self.lib.graph
         # an output that is an input, a constant or another output's value is returned as a copy
         seen: set[int] = set()
         outs = []
@@ -289,17 +356,22 @@ class GraphExecutor:
             else:
                 outs.append(self._allocate(v.copy, slot_bytes(g.slots[s]), partial(self._describe_slot, s, k)))
             seen.add(s)
-        state.outputs = outs
+        return outs
 
-    def _run_checked(self, values: list[Any]) -> None:
+    def _run_checked(self, values: list[Any], times: list[list[float]] | None = None) -> None:
+        """Runs every launch through its module's checks; with `times`, appends each launch's time."""
         g = self.lib.graph
         entries = []
-        for launch in g.launches:
+        for k, launch in enumerate(g.launches):
             slots = (*launch.inputs, *launch.outputs)
             # a value passed twice (add(x, x)) goes the second time as a copy: kernel pointers are noalias
             args = [values[s] if s not in slots[:n] else values[s].copy() for n, s in enumerate(slots)]
             kernel = self.lib.kernels[launch.kernel]
+            start = time.perf_counter()
             kernel(*args)
+            if times is not None:
+                self._xp.synchronize()
+                times[k].append(time.perf_counter() - start)
             if isinstance(self._xp, _Host) and len(set(slots)) == len(slots):
                 entries.append((kernel.entry(), slots, kernel.check(*args)))
         if len(entries) < len(g.launches):
@@ -315,13 +387,33 @@ class GraphExecutor:
 
     def _run_entries(self, values: list[Any]) -> None:
         g = self.lib.graph
+        pointers = self._run_pointers(values)
+        for (entry, slots, sizes, args), launch in zip(self._entries or (), g.launches, strict=True):
+            if entry(*(args if args is not None else (*[pointers[s] for s in slots], *sizes))):
+                self.lib.kernels[launch.kernel].out_of_memory(sizes)
+
+    def _run_entries_timed(self, values: list[Any], times: list[list[float]]) -> None:
+        """`_run_entries`, appending each launch's time to `times` (a loop of its own: the untimed one
+        stays as lean as it is)."""
+        g = self.lib.graph
+        pointers = self._run_pointers(values)
+        clock = time.perf_counter
+        for k, ((entry, slots, sizes, args), launch) in enumerate(zip(self._entries or (), g.launches, strict=True)):
+            call = args if args is not None else (*[pointers[s] for s in slots], *sizes)
+            start = clock()
+            status = entry(*call)
+            times[k].append(clock() - start)
+            if status:
+                self.lib.kernels[launch.kernel].out_of_memory(sizes)
+
+    def _run_pointers(self, values: list[Any]) -> list[int]:
+        """The data pointers of a run's slots: the fixed ones, and this run's inputs and outputs."""
+        g = self.lib.graph
         pointers = list(self._pointers)
         for s in (*g.inputs, *g.outputs):
             if g.slots[s].kind in ("input", "output"):
                 pointers[s] = values[s].ctypes.data
-        for (entry, slots, sizes, args), launch in zip(self._entries or (), g.launches, strict=True):
-            if entry(*(args if args is not None else (*[pointers[s] for s in slots], *sizes))):
-                self.lib.kernels[launch.kernel].out_of_memory(sizes)
+        return pointers
 
     def get_output(self, index: int) -> Any:
         """Output `index` of this thread's last run."""
