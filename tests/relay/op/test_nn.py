@@ -196,7 +196,7 @@ def test_dense_errors() -> None:
     assert info.value.arg == 1
     with pytest.raises(RelationError, match=r"attribute units is 5 but weight .* has 10 rows"):
         rel("nn.dense", [TensorType((N, 32)), TensorType((10, 32))], units=5)
-    with pytest.raises(RelationError, match=r"expected a weight of rank 2, \(units, K\), found Tensor\[\(32,\)"):
+    with pytest.raises(RelationError, match=r"expected a weight of rank 2, \(units, K\) \(weight_layout NK\), found Tensor\[\(32,\)"):
         rel("nn.dense", [TensorType((N, 32)), TensorType((32,))])
     with pytest.raises(AttrsError, match=r"op nn.dense: attribute units must be an int >= 1, got 0"):
         relay.nn.dense(relay.var("x", shape=(2, 2)), relay.var("w", shape=(2, 2)), units=0)
@@ -641,3 +641,79 @@ def test_float16_softmax_sums_in_float32() -> None:
         log_total = np.log(np.exp(x64).sum(axis=1, keepdims=True))
         want = np.exp(x64 - log_total) if op is relay.nn.softmax else x64 - log_total
         np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-6)
+
+
+# --- softmax along the last axis: the llvm "rows" implementation --------------------------------------
+
+
+def _softmax64(x: np.ndarray, log: bool) -> np.ndarray:
+    """softmax (or log_softmax) along the last axis in float64, as the references compute it."""
+    x64 = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # a row of -inf: -inf - -inf is nan, as in the references
+        shifted = x64 - x64.max(axis=-1, keepdims=True)
+        log_total = np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return shifted - log_total if log else np.exp(shifted - log_total)
+
+
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+@pytest.mark.parametrize("n", [1, 3, 16, 17, 63, 64, 65, 1000, 4097])
+def test_softmax_rows_match_numpy_over_odd_row_lengths(op, n) -> None:
+    # rows of n = groups of 4 vectors of 16 lanes, the vectors past them, and the last n % 16 values
+    check_build(op, rand(3, n) * 4, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+@pytest.mark.parametrize("shape", [(1000,), (12, 8, 128), (20, 33), (5, 7, 64), (2, 20000)])
+def test_softmax_rows_of_one_row_many_rows_and_rows_too_long_for_a_row_buffer(op, shape) -> None:
+    # log_softmax takes short rows by blocks of 16 (20 and 35 rows: a last block of 4 and of 3)
+    check_build(op, rand(*shape) * 4, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+@pytest.mark.parametrize("n", [5, 17, 1000])
+def test_softmax_rows_of_large_small_and_infinite_values(op, n) -> None:
+    from op_helpers import build_op
+
+    x = rand(6, n) * 30
+    x[0] = 80.0  # all equal and large: 1/n each
+    x[1, ::2] = -80.0
+    x[2, 1::3] = -np.inf  # zero probability
+    x[3] = -np.inf  # all -inf: -inf - -inf is nan, as in numpy
+    x[4, -1] = 80.0  # one large value past the last whole vector
+    x[5] = np.linspace(-80, 80, n)
+    (got,) = build_op(op, x)
+    log = op == "nn.log_softmax"
+    want = _softmax64(x, log)
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-5, atol=1e-6)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(got, ref(op, x), rtol=1e-5, atol=1e-6)  # nan where the reference has nan
+    assert np.isnan(got[3]).all() and not np.isnan(np.delete(got, 3, axis=0)).any()
+    assert (got[2, 1::3] == (-np.inf if log else 0.0)).all()
+    np.testing.assert_allclose(got[0], np.log(1 / n) if log else 1 / n, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+@pytest.mark.parametrize("n", [17, 1000, 4097])
+def test_float16_softmax_rows_accumulate_in_float32(op, n) -> None:
+    from op_helpers import build_op
+
+    x = np.random.default_rng(n).uniform(-8, 8, (20, n)).astype(np.float16)
+    (got,) = build_op(op, x)
+    assert got.dtype == np.float16
+    # float16 sums over thousands of values would be off by far more (steps of 0.5 near 1000)
+    np.testing.assert_allclose(got.astype(np.float64), _softmax64(x, op == "nn.log_softmax"), rtol=2e-3, atol=1e-6)
+
+
+def test_softmax_rows_run_in_vectors_without_libm_calls() -> None:
+    from kiln.relay.backend.te_compiler import compile_primitive
+    from kiln.target import Target
+
+    if "+avx512f" not in Target("llvm").export().get("mattr", []):
+        pytest.skip("the host has no AVX-512 (zmm) registers")
+    x = relay.var("x", shape=(64, 4096))
+    for op in (relay.nn.softmax, relay.nn.log_softmax):
+        kernel = compile_primitive(relay.infer_type(relay.Function([x], op(x))), "llvm", name="rows")
+        assert "zmm" in kernel.module.get_source("asm")
+        # exp is an inline polynomial (log runs once a row, on a scalar): no libm function is linked,
+        # only the runtime that starts the threads
+        assert not [s for s in kernel.module.symbols if s.rstrip("f") in ("exp", "exp2", "log", "pow", "ldexp")]
