@@ -25,7 +25,7 @@ Choices, and why:
   `aligned_alloc` (64-byte aligned) and are freed on every way out, so a 4 MiB packed
   panel never overflows a thread's stack.
 - Integer division and modulo by zero give 0 (as numpy), never a trap; float to int
-  casts saturate (`llvm.fptosi.sat`), NaN to 0.
+  casts saturate (clamps, then a plain conversion: it vectorizes), NaN to 0.
 """
 
 from __future__ import annotations
@@ -180,7 +180,8 @@ class CodeGenLLVM:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.cpu, self.features = linker.cpu_and_features(target)
-        if linker.has_feature(target, "avx512f"):
+        self.avx512 = linker.has_feature(target, "avx512f")
+        if self.avx512:
             self.vector_bits = 512
         elif linker.has_feature(target, "avx2") or linker.has_feature(target, "avx"):
             self.vector_bits = 256
@@ -616,7 +617,8 @@ class CodeGenLLVM:
         if is_float(dt):
             if dt not in ("float16", "float32", "float64"):
                 raise CodegenError(f"intrinsic {e.name} on {dt}: the llvm back end computes float32/float64")
-            return llvm_math.emit_float_call(b, e.name, args)  # float16 is in float32 registers: float32 math
+            # float16 is in float32 registers: float32 math
+            return llvm_math.emit_float_call(b, e.name, args, scalef=self.avx512)
         if e.name == "abs":
             return b.select(b.icmp_signed("<", args[0], ir.Constant(args[0].type, 0)),
                             b.sub(ir.Constant(args[0].type, 0), args[0]), args[0]) if _signed(dt) else args[0]
@@ -645,6 +647,26 @@ class CodeGenLLVM:
             return b.fpext(b.bitcast(h, F16), llvm_math.F32)
         return llvm_math.half_bits_to_float(b, h)
 
+    def _saturating_int(self, v: ir.Value, dst: str) -> ir.Value:
+        """Float `v` as integer dtype `dst`, saturated at its bounds, NaN as 0 (`llvm.fptosi.sat`'s
+        meaning). Written as clamps, a plain conversion and selects: x86 has no vector form of the
+        saturating intrinsic and scalarized it, 16 conversions per vector."""
+        b = self.f.builder
+        to = _reg(dst)
+        signed = _signed(dst)
+        lo, top = (-(1 << (to.width - 1)), 1 << (to.width - 1)) if signed else (0, 1 << to.width)
+        np_float = np.float32 if v.type == llvm_math.F32 else np.float64
+        below_top = float(np.nextafter(np_float(top), np_float(0)))  # the largest float under 2**bits
+        low, high = ir.Constant(v.type, float(lo)), ir.Constant(v.type, below_top)
+        clamped = b.select(b.fcmp_ordered("<", v, low), low, v)
+        clamped = b.select(b.fcmp_ordered(">", clamped, high), high, clamped)
+        nan = b.fcmp_unordered("uno", v, v)
+        clamped = b.select(nan, ir.Constant(v.type, 0.0), clamped)  # a NaN would make the conversion poison
+        out = b.fptosi(clamped, to) if signed else b.fptoui(clamped, to)
+        if below_top < top - 1:  # floats in (below_top, top) do not exist: v >= top saturates to the max
+            out = b.select(b.fcmp_ordered(">=", v, ir.Constant(v.type, float(top))), ir.Constant(to, top - 1), out)
+        return out
+
     def _cast(self, v: ir.Value, src: str, dst: str) -> ir.Value:
         b = self.f.builder
         if src == dst:
@@ -666,9 +688,7 @@ class CodeGenLLVM:
         if is_float(src) and is_float(dst):
             return b.fpext(v, to) if _TYPES[dst][2] > _TYPES[src][2] else b.fptrunc(v, to)
         if is_float(src):
-            kind = "fptosi" if _signed(dst) else "fptoui"
-            name = f"llvm.{kind}.sat.i{to.width}.{'f32' if v.type == llvm_math.F32 else 'f64'}"
-            return llvm_math.intrinsic(b, name, to, [v])
+            return self._saturating_int(v, dst)
         if is_float(dst):
             return b.sitofp(v, to) if _signed(src) else b.uitofp(v, to)
         if to.width == v.type.width:

@@ -108,10 +108,16 @@ def _exp_parts(b: ir.IRBuilder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     return y, b.sub(b.bitcast(t, I32), ir.Constant(I32, _ROUNDER_BITS))
 
 
-def exp_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """e**x on x clamped to [-104, 89]; 2**n is applied as 2**(n//2) * 2**(n - n//2), so results reach
-    inf and the denormals correctly. A NaN goes through the arithmetic as NaN."""
+def exp_f32(b: ir.IRBuilder, x: ir.Value, scalef: bool = False) -> ir.Value:
+    """e**x on x clamped to [-104, 89]. A NaN goes through the arithmetic as NaN.
+
+    With `scalef` (AVX-512), y * 2**n is `llvm.ldexp`, one vscalefps per vector, which rounds
+    denormal results once; otherwise 2**n is applied as 2**(n//2) * 2**(n - n//2) from exponent
+    bits (five more instructions), so results reach inf and the denormals too.
+    """
     y, n = _exp_parts(b, _clamp(b, x, -104.0, 89.0))
+    if scalef:
+        return intrinsic(b, "llvm.ldexp.f32.i32", F32, [y, n])
     half = b.ashr(n, ir.Constant(I32, 1))
     return b.fmul(b.fmul(y, _pow2i(b, half)), _pow2i(b, b.sub(n, half)))
 
@@ -162,9 +168,9 @@ def tanh_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.select(b.fcmp_ordered("<", ax, _c(0.625)), small, big)
 
 
-def sigmoid_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+def sigmoid_f32(b: ir.IRBuilder, x: ir.Value, scalef: bool = False) -> ir.Value:
     """1 / (1 + exp(-x)): saturates to 0 and 1 through exp's overflow and underflow."""
-    return b.fdiv(_c(1.0), b.fadd(_c(1.0), exp_f32(b, b.fneg(x))))
+    return b.fdiv(_c(1.0), b.fadd(_c(1.0), exp_f32(b, b.fneg(x), scalef)))
 
 
 def erf_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -187,8 +193,9 @@ _LLVM_UNARY = {"sqrt": "sqrt", "floor": "floor", "ceil": "ceil", "round": "round
 _LIBM_F64 = {"exp": "exp", "log": "log", "tanh": "tanh", "erf": "erf"}
 
 
-def emit_float_call(b: ir.IRBuilder, name: str, args: Sequence[ir.Value]) -> ir.Value:
-    """The value of intrinsic `name` on float32 or float64 operands.
+def emit_float_call(b: ir.IRBuilder, name: str, args: Sequence[ir.Value], scalef: bool = False) -> ir.Value:
+    """The value of intrinsic `name` on float32 or float64 operands; `scalef`: the target has AVX-512
+    (exp and sigmoid scale by vscalefps).
 
     Raises:
         KeyError: for a name this module does not know (callers check INTRINSICS first).
@@ -206,6 +213,8 @@ def emit_float_call(b: ir.IRBuilder, name: str, args: Sequence[ir.Value]) -> ir.
     if name == "isnan":
         return b.fcmp_unordered("uno", args[0], args[0])
     if ty == F32:
+        if name in ("exp", "sigmoid"):
+            return (exp_f32 if name == "exp" else sigmoid_f32)(b, args[0], scalef)
         return _F32_POLY[name](b, args[0])
     if name == "sigmoid":
         e = intrinsic(b, "exp", F64, [b.fneg(args[0])])

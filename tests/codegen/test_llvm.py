@@ -274,6 +274,25 @@ def test_float_to_int_casts_saturate():
     np.testing.assert_array_equal(out, [1, -1, 127, -128, 0])
 
 
+@pytest.mark.parametrize("src", ["float32", "float64"])
+@pytest.mark.parametrize("dst", ["int8", "uint8", "int16", "int32", "int64"])
+def test_vectorized_float_to_int_casts_saturate_at_every_bound(src, dst):
+    """Clamps + a plain conversion (vectorized) give what llvm.fptosi.sat gave: truncation toward zero,
+    the type's bounds past them (also just past, where the float cannot hold the bound), NaN as 0."""
+    info = np.iinfo(dst)
+    top, low = float(info.max) + 1, float(info.min)
+    special = [np.nan, np.inf, -np.inf, 1e30, -1e30, top, top * 2, np.nextafter(top, 0), low, low - 1, low * 2,
+               -0.5, 0.5, 2.7, -2.7, 127.9, -128.5, 255.5, 65535.9]
+    a = np.resize(np.array(special, src), 53)  # 3 vectors and a scalar tail
+    m = elementwise(f"sat_{src}_{dst}", src, dst, lambda x: tir.cast(dst, x), nargs=1, kind=tir.ForKind.VECTORIZED)
+    out = np.zeros(a.shape, dst)
+    m(a, out)
+    want = [0 if np.isnan(v) else max(int(info.min), min(int(info.max), int(np.trunc(v)) if np.isfinite(v)
+                                                          else (int(info.max) if v > 0 else int(info.min))))
+            for v in a.astype(np.float64)]
+    np.testing.assert_array_equal(out.astype(object), np.array(want, dtype=object))
+
+
 def test_reduction_with_local_accumulator():
     n, k = tir.Var("n"), tir.Var("k")
     A, B = tir.buffer("A", (n, k)), tir.buffer("B", (n,))
