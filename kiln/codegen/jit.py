@@ -19,7 +19,7 @@ import llvmlite.binding as llvm
 from kiln.codegen import llvm_process
 from kiln.errors import KilnError
 from kiln.runtime.linker import cpu_and_features, create_target_machine, initialize, target_triple
-from kiln.target import Target, llvm_check
+from kiln.target import Target, detect, llvm_check
 
 
 class CodegenError(KilnError, ValueError):
@@ -53,7 +53,9 @@ def optimize(text: str, target: Target, context: Any = None) -> tuple[Any, Any]:
     return mod, tm
 
 
-_COMPILER = llvm_process.Compiler()
+# A child per core this process may use, up to 4: relay.build compiles that many kernels at once.
+_COMPILER: llvm_process.Compiler | llvm_process.CompilerPool = llvm_process.CompilerPool(
+    min(4, detect.host_cpu().num_cores))
 atexit.register(_COMPILER.close)
 
 

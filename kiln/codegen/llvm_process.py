@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import queue
 import struct
 import subprocess
 import sys
@@ -240,6 +241,43 @@ class Compiler:
             if self._err is not None:
                 self._err.close()
                 self._err = None
+
+
+class CompilerPool:
+    """Compiler children that kernels compile in concurrently: `compile` takes a free one.
+
+    The most recently freed child is taken first (a stack), so kernels compiled one after another keep
+    using one child and a second starts only when two threads compile at once (`relay.build` does).
+    """
+
+    def __init__(self, size: int) -> None:
+        self._all = [Compiler() for _ in range(max(1, size))]
+        self._free: queue.LifoQueue[Compiler] = queue.LifoQueue()
+        for c in reversed(self._all):
+            self._free.put(c)
+
+    @property
+    def size(self) -> int:
+        """How many kernels can compile at once."""
+        return len(self._all)
+
+    @property
+    def started(self) -> int:
+        """Children started so far, all compilers together (tests read it)."""
+        return sum(c.started for c in self._all)
+
+    def compile(self, request: dict[str, Any]) -> tuple[str, Any]:
+        """`Compiler.compile` in a free child (waiting for one when all are busy)."""
+        compiler = self._free.get()
+        try:
+            return compiler.compile(request)
+        finally:
+            self._free.put(compiler)
+
+    def close(self) -> None:
+        """Ends every child."""
+        for c in self._all:
+            c.close()
 
 
 def _last_words(text: str) -> str:

@@ -11,8 +11,10 @@ lay out the graph's slots and launches; plan its memory.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import math
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,7 +33,7 @@ from kiln.relay.visitor import ExprMutator, post_order
 from kiln.runtime.executor import MAX_ELEMENTS
 from kiln.runtime.library import Graph, Launch, Library, Slot
 from kiln.runtime.module import numpy_dtype
-from kiln.target import Target
+from kiln.target import Target, detect
 
 
 class BuildError(KilnError, ValueError):
@@ -208,6 +210,44 @@ class _GraphBuilder:
         return graph
 
 
+_COMPILE_THREADS = min(4, detect.host_cpu().num_cores)  # as many as the code generator has compiler children
+
+
+def _compile_ahead(func: rx.Function, target: Target, progress: Callable[[int, int], None] | None) -> None:
+    """Compiles main's fused kernels on `_COMPILE_THREADS` threads before the graph walk, which then finds
+    each in `compile_primitive`'s cache: while one thread waits for LLVM (in a compiler child, off this
+    process's lock) another lowers the next kernel, and the children compile side by side. A kernel that
+    fails here is left to the walk, which compiles it again and raises the error with its context."""
+    prims: list[rx.Function] = []
+    seen: set[int] = set()
+    for node in post_order(func.body, leaf=lambda n: isinstance(n, rx.Function)):
+        if isinstance(node, rx.Call) and isinstance(node.op, rx.Function) and id(node.op) not in seen:
+            seen.add(id(node.op))
+            if any(math.prod(t.concrete_shape) for t in tensor_types(node.checked_type, "relay.build")
+                   if t.is_static):
+                prims.append(node.op)
+    if not prims:
+        return
+    ctx = PassContext.current()
+    done = 0
+    lock = threading.Lock()
+
+    def compile_one(n: int) -> None:
+        nonlocal done
+        try:
+            with PassContext(opt_level=ctx.opt_level, config=ctx.config):  # what lowering reads of it
+                compile_primitive(prims[n], target, name=f"fused_{n}")
+        except Exception:  # the walk compiles it again and reports it
+            pass
+        with lock:
+            done += 1
+            if progress is not None:
+                progress(done, len(prims))
+
+    with concurrent.futures.ThreadPoolExecutor(_COMPILE_THREADS, thread_name_prefix="kiln-compile") as pool:
+        list(pool.map(compile_one, range(len(prims))))
+
+
 def _made_by(call: rx.Call) -> str:
     """The ops a call runs and where they came from, for messages: "nn.dense (at model.py:12)", or
     "nn.conv2d+nn.bias_add+nn.relu (at conv_1, relu_1)" for a fused one (ONNX nodes are their spans)."""
@@ -255,6 +295,7 @@ def build(
     tgt = target if isinstance(target, Target) else Target(target)
     tgt.backend()  # a kind without a back end fails here, before any pass runs
     mod = optimize(mod, params, tgt)
-    builder = _GraphBuilder(tgt, progress)
+    _compile_ahead(mod["main"], tgt, progress)
+    builder = _GraphBuilder(tgt, None)  # progress was reported as the kernels compiled
     graph = builder.build(mod["main"])
     return Library(graph, [k.module for k in builder.kernels], tgt)

@@ -310,3 +310,36 @@ def test_the_walk_to_kernel_values_flattens_tuples_and_names_what_it_cannot_lowe
     with pytest.raises(BuildError, match="cannot lower a If in main"):
         flat_values(relay.Function([cond, x], relay.If(cond, x, x)), lambda p: [0], lambda c: [1],
                     lambda n, a: [2], BuildError, "main")
+
+
+def test_kernels_compile_ahead_on_threads_and_a_failure_is_reported_by_the_walk() -> None:
+    import threading
+
+    threads: list[str] = []
+    generic = select_implementation("nn.relu", "llvm", ["float32"])
+
+    def recording(attrs, inputs, out_type):
+        threads.append(threading.current_thread().name)
+        return generic.compute(attrs, inputs, out_type)
+
+    def failing(attrs, inputs, out_type):
+        raise ValueError("this compute is broken")
+
+    register_implementation("nn.relu", recording, generic.schedule, name="recording", label="recording")
+    register_implementation("nn.relu", failing, generic.schedule, name="failing", label="failing")
+    x = relay.var("x", shape=(4, 8))
+    y = relay.nn.relu(x)
+    for width in (3, 5, 7):  # three distinct kernels (different shapes), joined by an opaque softmax
+        y = relay.nn.relu(relay.nn.softmax(relay.nn.dense(y, relay.const(np.ones((width, 8), np.float32)))))
+        y = relay.nn.dense(y, relay.const(np.ones((8, width), np.float32)))
+    func = relay.Function([x], y)
+    seen: list[tuple[int, int]] = []
+    with PassContext(config={"relay.backend.use_label": {"nn.relu": "recording"}}):
+        lib = build(func, progress=lambda done, total: seen.append((done, total)))
+    assert threads and all(name.startswith("kiln-compile") for name in threads)
+    total = seen[-1][1]
+    assert seen == [(k, total) for k in range(1, total + 1)]  # each kernel once, in order of completion
+    assert lib.create_executor()(np.ones((4, 8), np.float32)).shape == (4, 8)
+    with PassContext(config={"relay.backend.use_label": {"nn.relu": "failing"}}), \
+            pytest.raises(ValueError, match="this compute is broken"):
+        build(func)
