@@ -453,17 +453,20 @@ def _layer_norm(node: OnnxNode) -> Expr | list[Expr]:
     inner = [d for d in shape[axis:] if isinstance(d, int)]
     if not stats and stash == dtype and eps > 0 and len(inner) == rank - axis and 0 not in inner:
         # One axis for nn.layer_norm: the normalized dims flattened; Scale and B broadcast to them first.
+        # Where they are one axis already, no reshape: each would be a copy kernel of its own, and the
+        # one before would keep the residual add in front from fusing into the layer norm.
         size = math.prod(inner)
+        one_axis = axis == rank - 1
 
         def flat(v: Expr) -> Expr:
             if list(node.shape(v)) != inner:
                 v = relay.broadcast_to(v, inner)
-            return relay.reshape(v, (size,), allowzero=True)
+            return v if one_axis else relay.reshape(v, (size,), allowzero=True)
 
         beta = flat(bias) if bias is not None else relay.zeros((size,), dtype)
-        out = relay.nn.layer_norm(relay.reshape(x, (*[0] * axis, size)), flat(scale), beta, axis=-1, epsilon=eps,
-                                  center=bias is not None)
-        return relay.reshape(out, [0] * axis + inner)
+        data = x if one_axis else relay.reshape(x, (*[0] * axis, size))
+        out = relay.nn.layer_norm(data, flat(scale), beta, axis=-1, epsilon=eps, center=bias is not None)
+        return out if one_axis else relay.reshape(out, [0] * axis + inner)
     xs = x if stash == dtype else relay.cast(x, stash)
     axes = list(range(axis, rank))
     mean, var = _moments(xs, axes, keepdims=True)

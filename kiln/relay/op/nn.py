@@ -12,7 +12,7 @@ matmul, batch_matmul), `kiln.relay.op.norm` (batch_norm, layer_norm),
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -39,7 +39,8 @@ from kiln.relay.op._nn_util import (
 )
 from kiln.relay.op._reg import constructor, register_unary
 from kiln.relay.op._rel import RelationError, float_dtype, same_dtype, tensor_args
-from kiln.relay.op._schedule import KEEP, op_attr, schedule_generic, static_size, vector_lanes, worth_parallel
+from kiln.relay.op._rows import ACROSS, ALONG, BLOCKS, ROWS, add, flat, row_reduce, schedule_rows, unflat
+from kiln.relay.op._schedule import KEEP, vector_lanes
 from kiln.relay.op.conv import Conv2DAttrs as Conv2DAttrs
 from kiln.relay.op.conv import Conv2DTransposeAttrs as Conv2DTransposeAttrs
 from kiln.relay.op.conv import conv2d, conv2d_transpose  # the convolution family belongs to relay.nn, as in TVM
@@ -57,7 +58,6 @@ from kiln.relay.op.pool import avg_pool2d, global_avg_pool2d, global_max_pool2d,
 from kiln.relay.op.shape import batch_flatten  # relay.nn.batch_flatten, as in TVM
 from kiln.relay.op.tensor import _numeric
 from kiln.runtime.module import STACK_LIMIT
-from kiln.target import Target
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 
@@ -315,17 +315,6 @@ def _softmax_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor], Type
     return compute
 
 
-_ROWS = "kiln.softmax_rows"  # ComputeOp attr of the rows implementation's output: its lane count
-_ACCUMULATORS = 4  # vectors of partial results per row: independent chains hide the max's and add's latency
-# name suffixes of the stages that `_schedule_rows` places
-_WIDE, _LANES, _HALF, _EXP, _LOG = "_wide", "_lanes", "_half", "_exp", "_log_sum"
-_BLOCK_BYTES = 32 * 1024  # the rows of a block of log_softmax: read three times, so they stay in L1
-
-
-def _add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
-    return a + b
-
-
 def _larger(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     """max(a, b) as one vmaxps: b when either is NaN, and either zero for -0 and 0. te.max is IEEE
     maximum (NaN wins, -0 < 0): six instructions a vector, a long chain in a scalar reduction. A
@@ -334,90 +323,14 @@ def _larger(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return te.if_then_else(a > b, a, b)
 
 
-def _row_reduce(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], identity: float, rows: tuple[int, ...],
-                n: int, lanes: int, value: Callable[[tuple[PrimExpr, ...], PrimExpr], PrimExpr],
-                name: str) -> te.Tensor:
-    """`combine` of `value(row, k)` over k < n, per row, in stages that vectorize.
-
-    `_wide`: `_ACCUMULATORS` vectors of `lanes` partial results over the row's whole groups of that many
-    vectors (one vector register each, independent chains); `_lanes`: those and the vectors past the
-    last group combined into one vector; `_half...`: its halves combined until two lanes are left (a
-    tree, not a chain of `lanes` scalar steps); then those two and the last n % lanes values. A select
-    reads both of its sides, so each reads in bounds (clamped indices).
-    """
-    reducer = te.comm_reducer(combine, lambda dtype: te.const(identity, dtype), name=name)
-    vectors, tail = divmod(n, lanes)
-    groups, rest = divmod(vectors, _ACCUMULATORS)
-    if groups:
-        g = te.reduce_axis((0, groups), name=f"{name}_g")
-        wide = te.compute(
-            (*rows, _ACCUMULATORS, lanes),
-            lambda *jal: reducer(value(jal[:-2], (g * _ACCUMULATORS + jal[-2]) * lanes + jal[-1]), axis=g),
-            name=f"{name}{_WIDE}", attrs={KEEP: True})
-    width = 1  # the lanes of partial results left
-    if vectors:
-        a = te.reduce_axis((0, (_ACCUMULATORS if groups else 0) + rest), name=f"{name}_a")
-
-        def lane(*jl: PrimExpr) -> PrimExpr:
-            j, k = jl[:-1], jl[-1]
-            if not groups:
-                return reducer(value(j, a * lanes + k), axis=a)
-            index = (*j, tx.min_(a, _ACCUMULATORS - 1) if rest else a, k)
-            got: PrimExpr = wide[index]
-            if rest:  # a < _ACCUMULATORS: an accumulator; then the vectors past the last group
-                past = value(j, (groups * _ACCUMULATORS + tx.max_(a - _ACCUMULATORS, 0)) * lanes + k)
-                got = te.if_then_else(a < _ACCUMULATORS, got, past)
-            return reducer(got, axis=a)
-
-        part = te.compute((*rows, lanes), lane, name=f"{name}{_LANES}", attrs={KEEP: True})
-        width = lanes
-        while width > 2:
-            width //= 2
-
-            def half(*jl: PrimExpr, p: te.Tensor = part, w: int = width) -> PrimExpr:
-                upper = (*jl[:-1], jl[-1] + w)
-                return combine(p[jl], p[upper])
-
-            part = te.compute((*rows, width), half, name=f"{name}{_HALF}{width}", attrs={KEEP: True})
-    r = te.reduce_axis((0, (width if vectors else 0) + tail), name=f"{name}_r")
-
-    def horizontal(*j: PrimExpr) -> PrimExpr:
-        if not vectors:
-            return reducer(value(j, r), axis=r)
-        index = (*j, tx.min_(r, width - 1) if tail else r)
-        got: PrimExpr = part[index]
-        if tail:  # r < width: a partial result; then the values past the last whole vector
-            got = te.if_then_else(r < width, got, value(j, vectors * lanes + tx.max_(r - width, 0)))
-        return reducer(got, axis=r)
-
-    return te.compute(rows, horizontal, name=name)
-
-
-def _flat(index: Sequence[PrimExpr], dims: Sequence[int]) -> PrimExpr:
-    """The row-major number of `index` in a tensor of `dims` (0 for no dims)."""
-    flat: PrimExpr = te.const(0, "int32")
-    for i, d in zip(index, dims, strict=True):
-        flat = flat * d + i
-    return flat
-
-
-def _unflat(flat: PrimExpr, dims: Sequence[int]) -> tuple[PrimExpr, ...]:
-    """The index of row-major number `flat` in a tensor of `dims`."""
-    index = []
-    for d in reversed(dims[1:]):
-        index.append(flat % d)
-        flat = flat // d
-    return (flat, *reversed(index)) if dims else ()
-
-
 def _softmax_rows_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor], Type], list[te.Tensor]]:
     """Softmax along the last axis, built for a schedule that takes one row (or a block of short rows)
-    at a time (`_schedule_rows`).
+    at a time (`_rows.schedule_rows`).
 
     Per row: the maximum; exp(x - max) into a row buffer (when the row fits the kernel's stack) and its
     sum; then that times 1 / sum. log_softmax: the maximum, the sum of exp(x - max), the log of the
     sum, then x - max - log(sum). Every loop along the row is vectorized, its reductions with partial
-    results per lane (`_row_reduce`); the row is read from memory once, then from the cache. The
+    results per lane (`_rows.row_reduce`); the row is read from memory once, then from the cache. The
     statistics of a row are numbered by the row's place in the rows flattened, so that a block of
     consecutive rows is one range. Another axis, or an empty tensor, gets the generic compute.
     """
@@ -434,22 +347,23 @@ def _softmax_rows_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor],
         lanes = vector_lanes(acc)
 
         def at(j: tuple[PrimExpr, ...], k: PrimExpr) -> PrimExpr:
-            index = (*_unflat(j[0], dims), k)
+            index = (*unflat(j[0], dims), k)
             return te.cast(x[index], acc)
 
         def shifted(j: tuple[PrimExpr, ...], k: PrimExpr) -> PrimExpr:
             return at(j, k) - peak[j]
 
-        peak = _row_reduce(_larger, -math.inf, rows, n, lanes, at, "softmax_max")
+        peak = row_reduce(_larger, -math.inf, rows, n, lanes, at, "softmax_max")
         if log:  # its output needs no exp: the sum takes them as they come
-            total = _row_reduce(_add, 0.0, rows, n, lanes, lambda j, k: te.exp(shifted(j, k)), "softmax_sum")
-            scale = te.compute(rows, lambda r: te.log(total[r]), name=f"softmax{_LOG}", attrs={KEEP: True})
+            total = row_reduce(add, 0.0, rows, n, lanes, lambda j, k: te.exp(shifted(j, k)), "softmax_sum")
+            scale = te.compute(rows, lambda r: te.log(total[r]), name="softmax_log_sum",
+                               attrs={KEEP: True, ACROSS: True})
             return [te.compute(shape, lambda *i: te.cast(
-                te.cast(x[i], acc) - peak[_flat(i[:-1], dims)] - scale[_flat(i[:-1], dims)], dtype),
-                name="log_softmax", attrs={_ROWS: lanes})]
+                te.cast(x[i], acc) - peak[flat(i[:-1], dims)] - scale[flat(i[:-1], dims)], dtype),
+                name="log_softmax", attrs={ROWS: lanes, BLOCKS: True})]
         if n * DataType.of(acc).bytes <= STACK_LIMIT:  # exp once per element, kept in a row buffer in L1
-            e = te.compute((*rows, n), lambda r, k: te.exp(shifted((r,), k)), name=f"softmax{_EXP}",
-                           attrs={KEEP: True})
+            e = te.compute((*rows, n), lambda r, k: te.exp(shifted((r,), k)), name="softmax_exp",
+                           attrs={KEEP: True, ALONG: True})
 
             def exp(j: tuple[PrimExpr, ...], k: PrimExpr) -> PrimExpr:
                 return e[j[0], k]
@@ -457,81 +371,13 @@ def _softmax_rows_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor],
             def exp(j: tuple[PrimExpr, ...], k: PrimExpr) -> PrimExpr:
                 return te.exp(shifted(j, k))
 
-        total = _row_reduce(_add, 0.0, rows, n, lanes, exp, "softmax_sum")
+        total = row_reduce(add, 0.0, rows, n, lanes, exp, "softmax_sum")
         # one division per row; the product is within an ulp of numpy's quotient
         scale = te.compute(rows, lambda r: te.const(1, acc) / total[r], name="softmax_inverse", attrs={KEEP: True})
-        return [te.compute(shape, lambda *i: te.cast(exp((_flat(i[:-1], dims),), i[-1]) * scale[_flat(i[:-1], dims)],
-                                                     dtype), name="softmax", attrs={_ROWS: lanes})]
+        return [te.compute(shape, lambda *i: te.cast(exp((flat(i[:-1], dims),), i[-1]) * scale[flat(i[:-1], dims)],
+                                                     dtype), name="softmax", attrs={ROWS: lanes})]
 
     return compute
-
-
-def _schedule_rows(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
-                   target: Target) -> None:
-    """The rows on the cores (when there is enough work); per row every stage of `_softmax_rows_compute`,
-    each loop along the row vectorized, the wide partial results one vector per accumulator.
-
-    log_softmax of short rows goes by blocks of `lanes` rows: their statistics first, then the logs
-    of their sums as one vector (a scalar log a row is a chain of some 60 cycles, a quarter of
-    the time of a row of 128), then their outputs.
-    """
-    (out,) = anchor_outs
-    lanes = op_attr(out, _ROWS)
-    if lanes is None:  # the generic compute (another axis)
-        schedule_generic(sch, anchor_outs, outs, target)
-        return
-    stage = sch[out]
-    *row_axes, col = stage.op.axis
-    _, inner = stage.split(col, factor=lanes)
-    stage.vectorize(inner)
-    *dims, n = tensor_shape(out)
-    row = None  # one row: the stages stay at the root, in order
-    blocked = False
-    if row_axes:
-        row = row_axes[0] if len(row_axes) == 1 else stage.fuse(*row_axes)
-        row_bytes = n * DataType.of(accumulator(out.dtype)).bytes
-        blocked = out.op.name == "log_softmax" and math.prod(dims) >= lanes and row_bytes * lanes <= _BLOCK_BYTES
-        if blocked:
-            row, _ = stage.split(row, factor=lanes)
-        if math.prod(dims) > 1 and worth_parallel(static_size(out)):
-            stage.parallel(row)
-    for t in _internal_stages(out):
-        s = sch[t]
-        if row is not None:
-            s.compute_at(stage, row)
-        name = t.op.name
-        if name.endswith(_WIDE):
-            *_, acc, lane = s.op.axis
-            s.reorder(*s.op.reduce_axis, acc, lane)
-            s.unroll(acc)
-            s.vectorize(lane)
-        elif name.endswith(_LANES) or _HALF in name:
-            *_, lane = s.op.axis
-            s.reorder(*s.op.reduce_axis, lane)
-            s.vectorize(lane)
-        elif name.endswith(_EXP):
-            _, lane = s.split(s.op.axis[-1], factor=lanes)
-            s.vectorize(lane)
-        elif name.endswith(_LOG) and blocked:
-            s.vectorize(s.op.axis[0])
-
-
-def _internal_stages(out: te.Tensor) -> list[te.Tensor]:
-    """The compute stages that `out` reads, producers first."""
-    order: list[te.Tensor] = []
-    seen: set[int] = set()
-    stack = [(t, False) for t in out.op.input_tensors]
-    while stack:
-        t, done = stack.pop()
-        if done:
-            order.append(t)
-            continue
-        if id(t.op) in seen or not isinstance(t.op, te.ComputeOp):
-            continue
-        seen.add(id(t.op))
-        stack.append((t, True))
-        stack.extend((u, False) for u in t.op.input_tensors)
-    return order
 
 
 for _name, _doc, _ref, _log in [
@@ -546,7 +392,7 @@ for _name, _doc, _ref, _log in [
         .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
         .set_attr(attr.FReference, _ref)
         .set_attr(attr.FCompute, _softmax_compute(_log))
-        .add_implementation("rows", _softmax_rows_compute(_log), _schedule_rows, target="llvm",
+        .add_implementation("rows", _softmax_rows_compute(_log), schedule_rows, target="llvm",
                             dtypes=("float16", "float32", "float64"), priority=10))
 
 

@@ -1,7 +1,8 @@
 """Normalization ops of the `relay.nn` namespace: nn.batch_norm and nn.layer_norm.
 
 Each op is declared in one `register_op` chain (description, arguments, attrs,
-relation, pattern, numpy reference, compute) after the functions it names; its
+relation, pattern, numpy reference, compute; layer_norm also its llvm "rows"
+implementation, built on `kiln.relay.op._rows`) after the functions it names; its
 Python constructor follows, checked against it (`@constructor`). The
 constructors are re-exported by `kiln.relay.op.nn`, so users write
 `relay.nn.batch_norm(...)` as in TVM.
@@ -9,6 +10,7 @@ constructors are re-exported by `kiln.relay.op.nn`, so users write
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -21,6 +23,7 @@ from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import (
     Array,
+    accumulator,
     along,
     check_vector,
     data_axis,
@@ -31,6 +34,8 @@ from kiln.relay.op._nn_util import (
 )
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
+from kiln.relay.op._rows import ROWS, add, flat, row_reduce, schedule_rows, unflat
+from kiln.relay.op._schedule import KEEP, vector_lanes
 from kiln.tir.expr import PrimExpr
 
 # --- nn.batch_norm, nn.layer_norm -----------------------------------------------------------------
@@ -210,6 +215,55 @@ def _layer_norm_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out_type
     return [te.compute(shape, normalize, name="layer_norm")]
 
 
+def _layer_norm_rows_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """Layer norm along the last axis, built for `schedule_rows` (one row at a time, rows on the cores).
+
+    Per row: the sum (the mean), then the sum of squared deviations from that mean (two passes, as the
+    reference: E[x^2] - E[x]^2 would cancel for rows far from zero), both vectorized with partial
+    results per lane (`row_reduce`); then 1 / sqrt(var + eps) once; then (x - mean) * that * gamma +
+    beta, vectorized. The row is read three times, from the cache after the first. float16 computes in
+    float32 and rounds once at the end. Another axis, or an empty tensor, gets the generic compute.
+    """
+    x, gamma, beta = inputs
+    shape = static_shape(out_type)
+    if attrs.axis % len(shape) != len(shape) - 1 or 0 in shape:
+        return _layer_norm_compute(attrs, inputs, out_type)
+    *dims, n = shape
+    rows = (math.prod(dims),)
+    acc, dtype = accumulator(x.dtype), x.dtype
+    lanes = vector_lanes(acc)
+    count = te.const(n, acc)
+
+    def at(j: tuple[PrimExpr, ...], k: PrimExpr) -> PrimExpr:
+        index = (*unflat(j[0], dims), k)
+        return te.cast(x[index], acc)
+
+    def squared_deviation(j: tuple[PrimExpr, ...], k: PrimExpr) -> PrimExpr:
+        d = at(j, k) - mean[j]
+        return d * d
+
+    total = row_reduce(add, 0.0, rows, n, lanes, at, "layer_norm_sum")
+    mean = te.compute(rows, lambda r: total[r] / count, name="layer_norm_mean", attrs={KEEP: True})
+    squares = row_reduce(add, 0.0, rows, n, lanes, squared_deviation, "layer_norm_sq")
+    # one division a row; the product below is within an ulp or two of the reference's quotient
+    inv_std = te.compute(rows, lambda r: te.const(1, acc) / te.sqrt(squares[r] / count + te.const(attrs.epsilon, acc)),
+                         name="layer_norm_inv_std", attrs={KEEP: True})
+
+    def normalize(*i: PrimExpr) -> PrimExpr:
+        r = flat(i[:-1], dims)
+        out = (te.cast(x[i], acc) - mean[r]) * inv_std[r]
+        if attrs.scale:
+            out = out * te.cast(gamma[i[-1]], acc)
+        if attrs.center:
+            out = out + te.cast(beta[i[-1]], acc)
+        return te.cast(out, dtype)
+
+    return [te.compute(shape, normalize, name="layer_norm", attrs={ROWS: lanes})]
+
+
+# COMM_REDUCE, not OPAQUE: FuseOps then fuses an elementwise producer that only the layer norm reads
+# (the residual add x + attn where no dense epilogue took it) into its kernel, inlined into the reads
+# of x. A reduction never fuses with its consumers, so nothing after it is recomputed per pass.
 (register_op("nn.layer_norm")
     .describe("(x - mean) / sqrt(var + epsilon) * gamma + beta, statistics taken along axis")
     .add_argument("data", "Tensor", "the input")
@@ -218,9 +272,11 @@ def _layer_norm_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out_type
     .set_attrs_type(LayerNormAttrs)
     .add_type_rel("LayerNorm", _layer_norm_rel)
     .set_support_level(1)
-    .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+    .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
     .set_attr(attr.FReference, _layer_norm_ref)
-    .set_attr(attr.FCompute, _layer_norm_compute))
+    .set_attr(attr.FCompute, _layer_norm_compute)
+    .add_implementation("rows", _layer_norm_rows_compute, schedule_rows, target="llvm",
+                        dtypes=("float16", "float32", "float64"), priority=10))
 
 
 @constructor("nn.layer_norm")

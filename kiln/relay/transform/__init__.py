@@ -4,7 +4,7 @@
 | --- | --- | --- |
 | InferType | 0 | sets `checked_type` on every expression |
 | ToGraphNormalForm | 0 | inlines let bindings as shared graph values (graph_normal_form.py) |
-| SimplifyInference | 0 | batch_norm / layer_norm into arithmetic, dropout into the identity |
+| SimplifyInference | 0 | batch_norm into arithmetic, dropout into the identity (layer_norm stays one op) |
 | FoldConstant | 2 | evaluates calls whose arguments are all constants |
 | EliminateCommonSubexpr | 3 | merges structurally equal calls |
 | DeadCodeElimination | 1 | removes unused let bindings and untaken constant branches |

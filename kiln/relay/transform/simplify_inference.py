@@ -10,7 +10,10 @@
   rearranged form would turn the formula's ±inf into nan (inf - inf), so the
   formula is kept as written.
 - `nn.dropout(x)` becomes the identity (its tuple output becomes `(x, ones_like(x))`).
-- `nn.layer_norm(x, gamma, beta)` becomes mean / variance ops along its axis.
+
+`nn.layer_norm` is kept: it has its own kernel (one pass per row on llvm,
+`kiln.relay.op.norm`), where mean / variance ops would be four kernels and four
+passes over the activations.
 
 Opt level 0, as TVM: relay.build always runs it.
 """
@@ -26,7 +29,6 @@ from kiln.ir.transform import ModulePass, PassContext
 from kiln.ir.types import TensorType
 from kiln.registry import Op
 from kiln.relay.expr import Call, Constant, Expr, Function, Tuple, TupleGetItem, const
-from kiln.relay.op import reduce as _reduce
 from kiln.relay.op import shape as _shape
 from kiln.relay.op import tensor as _tensor
 from kiln.relay.transform._common import relay_pass, rewrite_module, tensor_type_of
@@ -74,28 +76,11 @@ def _batch_norm(call: Call, data_type: TensorType, args: tuple[Expr, ...]) -> Ex
     return Tuple((out, mean, var), span=call.span)
 
 
-def _layer_norm(call: Call, data_type: TensorType, args: tuple[Expr, ...]) -> Expr:
-    x, gamma, beta = args
-    a: Any = call.attrs
-    ndim = data_type.ndim
-    axis = a.axis % ndim
-    mean = _reduce.mean(x, axis=axis, keepdims=True)
-    centered = _tensor.subtract(x, mean)
-    var = _reduce.mean(_tensor.multiply(centered, centered), axis=axis, keepdims=True)
-    out: Expr = _tensor.multiply(centered, _tensor.rsqrt(_tensor.add(var, _eps(a.epsilon, data_type))))
-    if a.scale:
-        out = _tensor.multiply(out, _along(gamma, axis, ndim))
-    if a.center:
-        out = _tensor.add(out, _along(beta, axis, ndim))
-    return out
-
-
 class _Simplifier(ExprMutator):
     def __init__(self) -> None:
         super().__init__()
         self.batch_norm = Op.get("nn.batch_norm")
         self.dropout = Op.get("nn.dropout")
-        self.layer_norm = Op.get("nn.layer_norm")
         self.created: set[int] = set()  # the Tuples this pass made, which TupleGetItem may look into
 
     def rewrite_call(self, node: Call, op: Op | Expr, args: tuple[Expr, ...]) -> Expr:
@@ -103,13 +88,11 @@ class _Simplifier(ExprMutator):
             out: Expr = Tuple((args[0], _shape.ones_like(args[0])), span=node.span)
             self.created.add(id(out))
             return out
-        if op is self.batch_norm or op is self.layer_norm:
+        if op is self.batch_norm:
             data_type = tensor_type_of(node.args[0])
             if data_type is not None:
-                rewrite = _batch_norm if op is self.batch_norm else _layer_norm
-                out = rewrite(node, data_type, args)
-                if isinstance(out, Tuple):
-                    self.created.add(id(out))
+                out = _batch_norm(node, data_type, args)
+                self.created.add(id(out))
                 return out
         return super().rewrite_call(node, op, args)
 
@@ -124,10 +107,10 @@ def _simplify(func: Function, mod: IRModule) -> Expr:
 
 
 def simplify_inference(mod: IRModule, ctx: PassContext | None = None) -> IRModule:
-    """`mod` with batch_norm, dropout and layer_norm rewritten into arithmetic (typed again)."""
+    """`mod` with batch_norm and dropout rewritten into arithmetic (typed again); layer_norm is kept."""
     return rewrite_module(mod, _simplify, ctx)
 
 
 def SimplifyInference() -> ModulePass:
-    """The pass that rewrites nn.batch_norm, nn.dropout and nn.layer_norm for inference (opt level 0)."""
+    """The pass that rewrites nn.batch_norm and nn.dropout for inference (opt level 0)."""
     return relay_pass(simplify_inference, "SimplifyInference", 0)

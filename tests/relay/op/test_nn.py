@@ -53,7 +53,7 @@ PATTERNS = {
     "nn.softmax": OpPattern.OPAQUE,
     "nn.log_softmax": OpPattern.OPAQUE,
     "nn.batch_norm": OpPattern.OPAQUE,
-    "nn.layer_norm": OpPattern.OPAQUE,
+    "nn.layer_norm": OpPattern.COMM_REDUCE,  # elementwise producers (a residual add) fuse into it
     "nn.dropout": OpPattern.OPAQUE,
     "nn.pad": OpPattern.INJECTIVE,
 }
@@ -196,7 +196,8 @@ def test_dense_errors() -> None:
     assert info.value.arg == 1
     with pytest.raises(RelationError, match=r"attribute units is 5 but weight .* has 10 rows"):
         rel("nn.dense", [TensorType((N, 32)), TensorType((10, 32))], units=5)
-    with pytest.raises(RelationError, match=r"expected a weight of rank 2, \(units, K\) \(weight_layout NK\), found Tensor\[\(32,\)"):
+    with pytest.raises(RelationError,
+                       match=r"expected a weight of rank 2, \(units, K\) \(weight_layout NK\), found Tensor\[\(32,\)"):
         rel("nn.dense", [TensorType((N, 32)), TensorType((32,))])
     with pytest.raises(AttrsError, match=r"op nn.dense: attribute units must be an int >= 1, got 0"):
         relay.nn.dense(relay.var("x", shape=(2, 2)), relay.var("w", shape=(2, 2)), units=0)

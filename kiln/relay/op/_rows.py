@@ -1,0 +1,202 @@
+"""Row machinery shared by the ops that normalize along the last axis (softmax, log_softmax, layer_norm).
+
+Their llvm "rows" implementations see the tensor as rows (the leading dims flattened) of n values
+and compute everything of one row before the next: per-row statistics by `row_reduce` (vectorized
+reductions with several accumulators, then a tree across lanes), then the output row, vectorized.
+`schedule_rows` places those stages: the rows on the cores when there is enough work, every stage
+of a row inside the loop over rows, so that a row is read from memory once and then from the cache.
+
+A compute marks its output with `ROWS` (the lane count) and, where it wants them, `BLOCKS` (short
+rows taken by blocks of `lanes` rows); internal stages are marked `KEEP` and, for the schedule,
+`ALONG` (a buffer along the row, vectorized like the output) or `ACROSS` (one value a row,
+one vector across the rows of a block).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from kiln import te
+from kiln.ir.dtype import DataType
+from kiln.relay.op._nn_util import accumulator, tensor_shape
+from kiln.relay.op._schedule import (
+    KEEP,
+    op_attr,
+    schedule_generic,
+    schedule_injective_stage,
+    static_size,
+    worth_parallel,
+)
+from kiln.target import Target
+from kiln.tir import expr as tx
+from kiln.tir.expr import PrimExpr
+
+ROWS = "kiln.rows"  # ComputeOp attr of a rows implementation's output: its lane count
+BLOCKS = "kiln.rows.blocks"  # ComputeOp attr of that output: take short rows by blocks of `lanes` rows
+ALONG = "kiln.rows.along"  # ComputeOp attr of an internal (rows, n) stage: vectorized along the row
+ACROSS = "kiln.rows.across"  # ComputeOp attr of an internal (rows,) stage: one vector across a block's rows
+_ACCUMULATORS = 4  # vectors of partial results per row: independent chains hide the max's and add's latency
+_WIDE, _LANES, _HALF = "_wide", "_lanes", "_half"  # name suffixes of the stages of `row_reduce`
+_BLOCK_BYTES = 32 * 1024  # the rows of a block: read several times, so they stay in L1
+
+
+def add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    """a + b, the combiner of a sum."""
+    return a + b
+
+
+def row_reduce(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], identity: float, rows: tuple[int, ...],
+               n: int, lanes: int, value: Callable[[tuple[PrimExpr, ...], PrimExpr], PrimExpr],
+               name: str) -> te.Tensor:
+    """`combine` of `value(row, k)` over k < n, per row, in stages that vectorize.
+
+    `_wide`: `_ACCUMULATORS` vectors of `lanes` partial results over the row's whole groups of that many
+    vectors (one vector register each, independent chains); `_lanes`: those and the vectors past the
+    last group combined into one vector; `_half...`: its halves combined until two lanes are left (a
+    tree, not a chain of `lanes` scalar steps); then those two and the last n % lanes values. A select
+    reads both of its sides, so each reads in bounds (clamped indices).
+    """
+    reducer = te.comm_reducer(combine, lambda dtype: te.const(identity, dtype), name=name)
+    vectors, tail = divmod(n, lanes)
+    groups, rest = divmod(vectors, _ACCUMULATORS)
+    if groups:
+        g = te.reduce_axis((0, groups), name=f"{name}_g")
+        wide = te.compute(
+            (*rows, _ACCUMULATORS, lanes),
+            lambda *jal: reducer(value(jal[:-2], (g * _ACCUMULATORS + jal[-2]) * lanes + jal[-1]), axis=g),
+            name=f"{name}{_WIDE}", attrs={KEEP: True})
+    width = 1  # the lanes of partial results left
+    if vectors:
+        a = te.reduce_axis((0, (_ACCUMULATORS if groups else 0) + rest), name=f"{name}_a")
+
+        def lane(*jl: PrimExpr) -> PrimExpr:
+            j, k = jl[:-1], jl[-1]
+            if not groups:
+                return reducer(value(j, a * lanes + k), axis=a)
+            index = (*j, tx.min_(a, _ACCUMULATORS - 1) if rest else a, k)
+            got: PrimExpr = wide[index]
+            if rest:  # a < _ACCUMULATORS: an accumulator; then the vectors past the last group
+                past = value(j, (groups * _ACCUMULATORS + tx.max_(a - _ACCUMULATORS, 0)) * lanes + k)
+                got = te.if_then_else(a < _ACCUMULATORS, got, past)
+            return reducer(got, axis=a)
+
+        part = te.compute((*rows, lanes), lane, name=f"{name}{_LANES}", attrs={KEEP: True})
+        width = lanes
+        while width > 2:
+            width //= 2
+
+            def half(*jl: PrimExpr, p: te.Tensor = part, w: int = width) -> PrimExpr:
+                upper = (*jl[:-1], jl[-1] + w)
+                return combine(p[jl], p[upper])
+
+            part = te.compute((*rows, width), half, name=f"{name}{_HALF}{width}", attrs={KEEP: True})
+    r = te.reduce_axis((0, (width if vectors else 0) + tail), name=f"{name}_r")
+
+    def horizontal(*j: PrimExpr) -> PrimExpr:
+        if not vectors:
+            return reducer(value(j, r), axis=r)
+        index = (*j, tx.min_(r, width - 1) if tail else r)
+        got: PrimExpr = part[index]
+        if tail:  # r < width: a partial result; then the values past the last whole vector
+            got = te.if_then_else(r < width, got, value(j, vectors * lanes + tx.max_(r - width, 0)))
+        return reducer(got, axis=r)
+
+    return te.compute(rows, horizontal, name=name)
+
+
+def flat(index: Sequence[PrimExpr], dims: Sequence[int]) -> PrimExpr:
+    """The row-major number of `index` in a tensor of `dims` (0 for no dims)."""
+    number: PrimExpr = te.const(0, "int32")
+    for i, d in zip(index, dims, strict=True):
+        number = number * d + i
+    return number
+
+
+def unflat(number: PrimExpr, dims: Sequence[int]) -> tuple[PrimExpr, ...]:
+    """The index of row-major number `number` in a tensor of `dims`."""
+    index = []
+    for d in reversed(dims[1:]):
+        index.append(number % d)
+        number = number // d
+    return (number, *reversed(index)) if dims else ()
+
+
+def schedule_rows(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                  target: Target) -> None:
+    """The rows on the cores (when there is enough work); per row every internal stage of the compute,
+    each loop along the row vectorized, the wide partial results one vector per accumulator.
+
+    An output marked `BLOCKS` goes by blocks of `lanes` short rows: their statistics first, then the
+    `ACROSS` stages as one vector for the block (a scalar log a row is a chain of some 60 cycles, a
+    quarter of the time of a row of 128), then their outputs. Elementwise producers fused into the
+    group are already inlined into the reads of the input; other outputs of the group (none from
+    FuseOps today) are scheduled as injective stages.
+    """
+    (out,) = anchor_outs
+    lanes = op_attr(out, ROWS)
+    if lanes is None:  # the generic compute (another axis, or an empty tensor)
+        schedule_generic(sch, anchor_outs, outs, target)
+        return
+    for t in outs:
+        if t.op is not out.op:
+            schedule_injective_stage(sch, t)
+    stage = sch[out]
+    *row_axes, col = stage.op.axis
+    _, inner = stage.split(col, factor=lanes)
+    stage.vectorize(inner)
+    *dims, n = tensor_shape(out)
+    row = None  # one row: the stages stay at the root, in order
+    blocked = False
+    if row_axes:
+        row = row_axes[0] if len(row_axes) == 1 else stage.fuse(*row_axes)
+        row_bytes = n * DataType.of(accumulator(out.dtype)).bytes
+        blocked = bool(op_attr(out, BLOCKS)) and math.prod(dims) >= lanes and row_bytes * lanes <= _BLOCK_BYTES
+        if blocked:
+            row, _ = stage.split(row, factor=lanes)
+        if math.prod(dims) > 1 and worth_parallel(static_size(out)):
+            stage.parallel(row)
+    for t in internal_stages(out):
+        s = sch[t]
+        if s.attach_type is te.AttachType.INLINE:
+            continue
+        if row is not None:
+            s.compute_at(stage, row)
+        name = t.op.name
+        if name.endswith(_WIDE):
+            *_, acc, lane = s.op.axis
+            s.reorder(*s.op.reduce_axis, acc, lane)
+            s.unroll(acc)
+            s.vectorize(lane)
+        elif name.endswith(_LANES) or _HALF in name:
+            *_, lane = s.op.axis
+            s.reorder(*s.op.reduce_axis, lane)
+            s.vectorize(lane)
+        elif op_attr(t, ALONG):
+            _, lane = s.split(s.op.axis[-1], factor=lanes)
+            s.vectorize(lane)
+        elif op_attr(t, ACROSS) and blocked:
+            s.vectorize(s.op.axis[0])
+
+
+def internal_stages(out: te.Tensor) -> list[te.Tensor]:
+    """The stages of the compute that produces `out`, producers first: the reductions and the `KEEP`
+    stages it reads (not the elementwise producers fused in front of it, which are inlined)."""
+    order: list[te.Tensor] = []
+    seen: set[int] = set()
+    stack = [(t, False) for t in out.op.input_tensors]
+    while stack:
+        t, done = stack.pop()
+        op = t.op
+        if not isinstance(op, te.ComputeOp):
+            continue
+        if done:
+            if op.reduce_axis or op.attrs.get(KEEP):
+                order.append(t)
+            continue
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        stack.append((t, True))
+        stack.extend((u, False) for u in op.input_tensors)
+    return order
