@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import llvmlite
 
-from kiln.runtime import trust
+from kiln.runtime import library_cache, trust
 from kiln.target import Target
 from kiln.version import __version__
 
@@ -55,15 +55,8 @@ _MAGIC = b"KILNOBJ2"  # 2: with an HMAC tag
 _MEMORY_LIMIT = 64  # live Modules: each holds a JIT engine, about 50 KB of native memory
 
 
-def enabled() -> bool:
-    """Whether caching is on (`KILN_CACHE` is not "0")."""
-    return os.environ.get("KILN_CACHE", "1") != "0"
-
-
-def directory() -> Path:
-    """The on-disk cache folder: `$KILN_CACHE_DIR`, else `~/.cache/kiln`."""
-    env = os.environ.get("KILN_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "kiln"
+enabled = library_cache.enabled  # KILN_CACHE, for both caches
+directory = library_cache.cache_directory
 
 
 def cache_key(func_text: str, target: Target) -> str:

@@ -31,7 +31,7 @@ from kiln.registry.op import (
     op_registry,
     register_op,
 )
-from kiln.registry.site import Site, mark_registration_helper
+from kiln.registry.site import Site, foreign_registration, mark_registration_helper
 
 __all__ = [
     "Argument",
@@ -62,6 +62,7 @@ __all__ = [
     "implementations",
     "instance_of",
     "is_callable",
+    "foreign_registration",
     "mark_registration_helper",
     "op_record",
     "op_registry",

@@ -10,6 +10,18 @@ import attrs
 
 _HELPER_FILES: set[str] = set()
 _HELPER_DIRS: set[str] = {os.path.dirname(os.path.abspath(__file__))}
+_KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_FOREIGN: list[str] = []  # the first registration site outside the kiln package, once there is one
+
+
+def foreign_registration() -> str | None:
+    """The site of the first registration made from outside the kiln package in this process, or None.
+
+    Caches of whole compiled models are keyed by kiln's own source; once user code has registered an
+    op, an attribute or an implementation, what a build produces depends on code no key covers, and
+    those caches step aside (`relay.build` compiles).
+    """
+    return _FOREIGN[0] if _FOREIGN else None
 
 
 def mark_registration_helper(path: str) -> None:
@@ -52,7 +64,10 @@ class Site:
                 and path not in _HELPER_FILES
                 and not _is_registration_api(frame.f_locals.get("self"))
             ):
-                return Site(_short_path(path), frame.f_lineno)
+                site = Site(_short_path(path), frame.f_lineno)
+                if not _FOREIGN and not path.startswith(_KILN_DIR):
+                    _FOREIGN.append(str(site))
+                return site
             frame = frame.f_back
         return Site("<unknown>", 0)
 

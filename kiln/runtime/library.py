@@ -141,10 +141,11 @@ class Graph:
 class Library:
     """A compiled model: its graph and kernels. `create_executor()` runs it; `export(path)` saves it."""
 
-    def __init__(self, graph: Graph, kernels: Sequence[Any], target: Target) -> None:
+    def __init__(self, graph: Graph, kernels: Sequence[Any], target: Target, cache_key: str | None = None) -> None:
         self.graph = graph
         self.kernels = list(kernels)
         self.target = target
+        self.cache_key = cache_key  # the build-cache key it was stored under (`library_cache`), if any
 
     @property
     def planned_bytes(self) -> int:
@@ -157,8 +158,11 @@ class Library:
 
         return GraphExecutor(self)
 
-    def export(self, path: str | Path) -> None:
+    def export(self, path: str | Path, cache_key: str | None = None) -> None:
         """Writes the library (graph, object code, constants) to one file that `load` reads back.
+
+        `cache_key` is stored inside the signed file (the build cache checks that a file it finds under
+        a key was written for that key).
 
         Raises:
             ExecutorError: for a cuda library (its export is not written yet).
@@ -190,6 +194,8 @@ class Library:
             "storage_sizes": self.graph.storage_sizes, "constants": consts, "kernels": kernels,
             "blobs": [len(b) for b in blobs],
         }
+        if cache_key is not None:
+            header["cache_key"] = cache_key
         head = json.dumps(header).encode()
         payload = struct.pack("<Q", len(head)) + head + b"".join(blobs)
         digest = hashlib.sha256(payload).digest()
@@ -301,7 +307,8 @@ def _decode_file(data: bytes, where: str, trusted: bool) -> tuple[dict[str, Any]
     except ValueError as e:  # also UnicodeDecodeError
         raise LibraryFormatError(f"{where}: header is not JSON ({e})") from e
     c = _Checker(where)
-    c.dict_(header, _HEADER_KEYS, "header")
+    c.dict_(header, _HEADER_KEYS | ({"cache_key"} if isinstance(header, dict) and "cache_key" in header else set()),
+            "header")
     sizes = [c.size(n, f"blobs[{i}]") for i, n in enumerate(c.list_(header["blobs"], "blobs"))]
     if sum(sizes) != len(payload) - 8 - head_len:
         raise c.fail("blobs", f"sizes add up to {sum(sizes)} bytes, but {len(payload) - 8 - head_len} follow "
@@ -473,4 +480,5 @@ def load(path: str | Path, trust: bool = False) -> Library:
     kernels = [_load_kernel(c, k, i, blobs) for i, k in enumerate(c.list_(header["kernels"], "kernels"))]
     graph = _graph(c, header, blobs, [params for _, params, _ in kernels])
     modules = [Module(_signature(name, params), target, obj, []) for name, params, obj in kernels]
-    return Library(graph, modules, target)
+    key = header.get("cache_key")
+    return Library(graph, modules, target, c.of(key, str, "cache_key") if key is not None else None)

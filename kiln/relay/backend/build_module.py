@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import hashlib
+import importlib.metadata
 import math
 import threading
 from collections.abc import Callable, Mapping
@@ -24,16 +26,19 @@ from kiln.errors import KilnError
 from kiln.ir.module import IRModule
 from kiln.ir.transform import Pass, PassContext, Sequential
 from kiln.ir.types import TensorType, Type
-from kiln.registry import Op
+from kiln.registry import Op, foreign_registration
 from kiln.relay import expr as rx
 from kiln.relay import transform as t
 from kiln.relay.backend.te_compiler import CompiledKernel, compile_primitive, flat_values, tensor_types
+from kiln.relay.printer import astext
 from kiln.relay.type_infer import infer_type
 from kiln.relay.visitor import ExprMutator, post_order
+from kiln.runtime import library_cache
 from kiln.runtime.executor import MAX_ELEMENTS
 from kiln.runtime.library import Graph, Launch, Library, Slot
 from kiln.runtime.module import numpy_dtype
-from kiln.target import Target, detect
+from kiln.target import Target, TDeviceType, detect
+from kiln.version import source_digest
 
 
 class BuildError(KilnError, ValueError):
@@ -294,8 +299,48 @@ def build(
     """
     tgt = target if isinstance(target, Target) else Target(target)
     tgt.backend()  # a kind without a back end fails here, before any pass runs
+    key = library_key(mod, params, tgt)
+    if key is not None:
+        cached = library_cache.find(key)
+        if cached is not None:
+            return cached
     mod = optimize(mod, params, tgt)
     _compile_ahead(mod["main"], tgt, progress)
     builder = _GraphBuilder(tgt, None)  # progress was reported as the kernels compiled
     graph = builder.build(mod["main"])
-    return Library(graph, [k.module for k in builder.kernels], tgt)
+    lib = Library(graph, [k.module for k in builder.kernels], tgt)
+    if key is not None:
+        library_cache.store(key, lib)
+    return lib
+
+
+def library_key(mod: IRModule | rx.Function, params: Mapping[str, Any] | None, target: Target) -> str | None:
+    """The key `relay.build` stores its library under (`runtime.library_cache`), or None where it does
+    not cache: the caches are off, the target is not a CPU, or code outside kiln has registered something
+    (then what a build makes depends on code no key covers).
+
+    The sha256 of everything the build reads: kiln's own source and llvmlite's version, the target,
+    the PassContext, main's text (its params' types and every attr; not the types inferred, so a typed and
+    an untyped copy of one model share the key) and the bytes of its constants and params.
+    """
+    if not library_cache.enabled() or foreign_registration() is not None:
+        return None
+    if target.kind.get_attr(TDeviceType) != "cpu":
+        return None
+    func = mod if isinstance(mod, rx.Function) else mod["main"]
+    if not isinstance(func, rx.Function):
+        return None
+    ctx = build_context()
+    h = hashlib.sha256()
+    for part in (source_digest(), importlib.metadata.version("llvmlite"), str(target), str(ctx.opt_level),
+                 repr(sorted(ctx.config.items())), repr(sorted(ctx.required_pass)), repr(sorted(ctx.disabled_pass)),
+                 astext(func, show_types=False, show_meta_data=False)):
+        h.update(part.encode())
+        h.update(b"\0")
+    given = dict(params or {})
+    arrays: list[tuple[str, np.ndarray]] = [("", n.data) for n in post_order(func.body) if isinstance(n, rx.Constant)]
+    arrays += [(name, np.asarray(given[name])) for name in sorted(given)]
+    for name, arr in arrays:
+        h.update(f"{name} {arr.dtype.str} {arr.shape}".encode())
+        h.update(np.ascontiguousarray(arr).data)
+    return h.hexdigest()
