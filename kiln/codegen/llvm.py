@@ -612,8 +612,16 @@ class CodeGenLLVM:
             i32 = [ir.Constant(I32, v) for v in (0, 3, 1)]
             llvm_math.intrinsic(b, "llvm.prefetch.p0", ir.VoidType(), [ptr, *i32])
             return ir.Constant(I32, 0)
-        args = [self.expr(a) for a in e.args]
         dt = e.args[0].dtype
+        if e.name == "pow" and is_float(dt) and isinstance(e.args[1], FloatImm) and e.args[1].value in _POW_BY_PRODUCT:
+            # x**2, x**3 (GELU's tanh form), x**4 as products: llvm.pow is a scalar libm call that stops the
+            # loop vectorizing (GPT-2's GELU ran at 12 ns an element)
+            x = self.expr(e.args[0])
+            out = x
+            for _ in range(int(e.args[1].value) - 1):
+                out = b.fmul(out, x)
+            return out
+        args = [self.expr(a) for a in e.args]
         if is_float(dt):
             if dt not in ("float16", "float32", "float64"):
                 raise CodegenError(f"intrinsic {e.name} on {dt}: the llvm back end computes float32/float64")
@@ -696,6 +704,9 @@ class CodeGenLLVM:
         if to.width < v.type.width:
             return b.trunc(v, to)
         return b.sext(v, to) if _signed(src) else b.zext(v, to)
+
+
+_POW_BY_PRODUCT = (1.0, 2.0, 3.0, 4.0)  # exponents of pow emitted as multiplications (1 to 3 roundings)
 
 
 def _divides(body: Stmt, var: Var) -> bool:

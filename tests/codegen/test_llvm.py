@@ -543,3 +543,17 @@ def test_affine_vectorized_loops_stay_whole_and_lane_divisions_are_only_kept_fro
     if linker.has_feature(Target("llvm"), "avx512f"):
         asm = kernel.get_source("asm")
         assert "vgather" not in asm and "vfmadd231ps" in asm and "zmm" in asm
+
+
+@pytest.mark.parametrize("exponent", [1.0, 2.0, 3.0, 4.0, 2.5])
+def test_pow_by_a_small_integer_constant_is_products_and_vectorizes(exponent):
+    m = elementwise(f"pow_{int(exponent * 2)}", "float32", "float32",
+                    lambda x: tir.call("pow", x, tir.FloatImm("float32", exponent)), nargs=1,
+                    kind=tir.ForKind.VECTORIZED)
+    a = np.concatenate([np.random.default_rng(3).standard_normal(61) * 4, [0.0, -0.0, np.inf, -np.inf, np.nan]])
+    a = a.astype(np.float32)
+    out = np.zeros_like(a)
+    m(a, out)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(out, np.power(a, np.float32(exponent)), rtol=3e-7)
+    assert ("powf" in m.symbols) == (exponent == 2.5)  # only a fractional exponent calls libm
