@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kiln import relay
+from kiln.registry import Op
 from kiln.relay.expr import Expr
 from kiln.relay.frontend.onnx import OnnxNode, onnx_converter
 from kiln.relay.op._rel import normalize_axis
@@ -269,17 +270,34 @@ def _gemm(node: OnnxNode) -> Expr:
         a = relay.transpose(a, (1, 0))
     if not node.bool_attr("transB", False):
         b = relay.transpose(b, (1, 0))
+    c = node.optional_input(2)
+    if c is not None:
+        node.check_broadcasts_to(c, (node.shape(a)[0], node.shape(b)[0]), "the bias C")
+    matrix = a
+    flat = _flattened(node, a)
+    if flat is not None and (c is None or all(d == 1 for d in node.shape(c)[:-1])):
+        a = flat  # A is x (..., K) reshaped to (M, K): the product on x itself, reshaped after its epilogue
     out = relay.nn.dense(a, b)
     if alpha != 1.0:
         out = relay.multiply(out, _fconst(node, out, alpha))
-    c = node.optional_input(2)
-    if c is not None:
-        node.check_broadcasts_to(c, node.shape(out), "the bias C")
     if c is not None and beta != 0.0:
         if beta != 1.0:
             c = relay.multiply(c, _fconst(node, c, beta))
-        out = relay.add(out, c)
+        out = relay.add(out, c if a is matrix else relay.reshape(c, [-1]) if node.ndim(c) == 2 else c)
+    if a is not matrix:
+        out = relay.reshape(out, [node.static_shape(matrix)[0], node.static_shape(b)[0]], allowzero=True)
     return out
+
+
+def _flattened(node: OnnxNode, a: Expr) -> Expr | None:
+    """x when `a` is reshape(x, (M, K)) of an x (..., K) of rank 3 or more with static dims, else None."""
+    if not (isinstance(a, relay.Call) and a.op is Op.get("reshape")):
+        return None
+    x = a.args[0]
+    shape = node.shape(x)
+    if len(shape) < 3 or not all(isinstance(d, int) for d in shape) or shape[-1] != node.shape(a)[-1]:
+        return None
+    return x
 
 
 # --- reductions -----------------------------------------------------------------------------------

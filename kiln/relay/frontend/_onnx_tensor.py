@@ -26,6 +26,7 @@ import numpy as np
 from kiln import relay
 from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim
+from kiln.registry import Op
 from kiln.relay.expr import Constant, Expr, TupleGetItem
 from kiln.relay.frontend.onnx import OnnxNode, onnx_converter, onnx_dtype
 from kiln.relay.op._rel import normalize_axis
@@ -83,7 +84,24 @@ def _reshape(node: OnnxNode, shape: list[int], allowzero: bool) -> Expr:
         raise node.error(f"shape {shape} may hold at most one -1 and no other negative value")
     if allowzero and 0 in shape and -1 in shape:
         raise node.error(f"shape {shape} holds both 0 and -1, which allowzero=1 forbids")
-    return relay.reshape(node.input(0), shape, allowzero=allowzero)
+    x = node.input(0)
+    out = relay.reshape(x, shape, allowzero=allowzero)
+    if not _is_static(node.shape(out)):
+        return out
+    # a reshape of a reshape is one reshape of the first one's input, and a reshape to the shape it has is
+    # nothing: exporters wrap 2-D Gemms in reshapes (x (1, S, K) -> (S, K) -> Gemm -> (1, S, N)), which
+    # the Gemm converter then leaves around an N-D product whose epilogue (bias, GELU) can fuse
+    if isinstance(x, relay.Call) and x.op is _RESHAPE and _is_static(node.shape(x.args[0])):
+        x = x.args[0]
+        out = relay.reshape(x, list(node.static_shape(out)), allowzero=True)
+    return x if tuple(node.shape(x)) == tuple(node.shape(out)) else out
+
+
+_RESHAPE = Op.get("reshape")
+
+
+def _is_static(shape: Sequence[Dim]) -> bool:
+    return all(isinstance(d, int) for d in shape)
 
 
 @onnx_converter("Reshape", since=1)

@@ -234,6 +234,20 @@ def test_a_3d_matmul_fuses_with_its_bias_add() -> None:
     assert any("erf" in ops for ops in dense_groups)
 
 
+def test_a_gemm_between_reshapes_is_an_nd_product_with_its_epilogue_fused() -> None:
+    """GPT-2 as exported writes Reshape (1, S, K) -> (S, K), Gemm, Reshape (S, N) -> (1, S, N), then GELU:
+    the Gemm becomes nn.dense on the 3-D input, the reshapes cancel, and the GELU fuses into it."""
+    from kiln.testing import zoo
+
+    model = zoo.build("gpt2_blocks", small=True)
+    mod, params = from_onnx(model)
+    _, report = build_module.optimize_explained(mod, params)
+    assert any({"nn.dense", "tanh", "power"} <= set(g.ops) for g in report.groups), report
+    feed = zoo.inputs(model)
+    got = relay.build(mod, params=params).create_executor()(**feed)
+    np.testing.assert_allclose(np.asarray(got), _ort(model, **feed)[0], rtol=1e-4, atol=1e-4)
+
+
 # --- the command line -------------------------------------------------------------------------------------
 
 
