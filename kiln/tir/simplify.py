@@ -324,9 +324,9 @@ class Analyzer:
         if isinstance(e, Var):
             return Linear.atom(e)
         if isinstance(e, Add):
-            return self.linear(e.a).add(self.linear(e.b))
+            return self._merge_div_mod(self.linear(e.a).add(self.linear(e.b)))
         if isinstance(e, Sub):
-            return self.linear(e.a).add(self.linear(e.b), -1)
+            return self._merge_div_mod(self.linear(e.a).add(self.linear(e.b), -1))
         if isinstance(e, Mul):
             la, lb = self.linear(e.a), self.linear(e.b)
             if la.is_const:
@@ -408,6 +408,23 @@ class Analyzer:
             rest = lin.add(x, -k).add(Linear.atom(atom), -m)
             mod = self._floor_div_mod(x, c, mod=True)
             return self._merge_mod(rest.add(mod, k))
+        return lin
+
+    def _merge_div_mod(self, lin: Linear) -> Linear:
+        """Rewrites `k*c*(X // c) + k*(X % c)` into `k*X` (floor division: X == c*(X // c) + X % c).
+
+        A flattened index of a fused axis (`(p // W) * W + p % W`) is then `p` again: affine, so a
+        vectorized loop over `p` reads consecutive elements and bound inference gets exact regions.
+        """
+        for key, (atom, k) in list(lin.terms.items()):
+            if not (isinstance(atom, FloorMod) and isinstance(atom.b, IntImm) and atom.b.value > 1):
+                continue
+            c = atom.b.value
+            div_key = structural_key(FloorDiv(atom.dtype, atom.a, atom.b))
+            if div_key not in lin.terms or lin.coef(div_key) != k * c:
+                continue
+            rest = Linear(lin.dtype, {x: v for x, v in lin.terms.items() if x not in (key, div_key)}, lin.const)
+            return self._merge_div_mod(rest.add(self.linear(atom.a), k))
         return lin
 
     def _min_max(self, e: Min | Max) -> Linear:

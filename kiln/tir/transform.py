@@ -6,6 +6,7 @@ input is never changed; IR nodes are immutable).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import overload
 
@@ -23,12 +24,21 @@ from kiln.tir.expr import (
     Max,
     Min,
     PrimExpr,
+    Select,
     Sub,
     Var,
     binary,
     const,
 )
-from kiln.tir.functor import StmtExprMutator, Substituter, let_chain, structural_key, used_vars
+from kiln.tir.functor import (
+    Node,
+    StmtExprMutator,
+    Substituter,
+    let_chain,
+    post_order_visit,
+    structural_key,
+    used_vars,
+)
 from kiln.tir.simplify import LINEAR_DTYPES, Analyzer, Linear, simplify_stmt
 from kiln.tir.stmt import Allocate, For, ForKind, IfThenElse, LetStmt, PrimFunc, SeqStmt, Stmt, seq
 
@@ -92,6 +102,9 @@ def simplify_func(func: PrimFunc) -> PrimFunc:
 # ---------------------------------------------------------------------------
 
 
+PARTITION_SELECTS = "partition_selects"  # loop annotation (te: `stage.pragma(axis, PARTITION_SELECTS)`)
+
+
 def loop_partition(func: PrimFunc) -> PrimFunc:
     """Splits loops whose body is guarded by a bound on the loop variable into a guard-free main part and a tail.
 
@@ -104,6 +117,13 @@ def loop_partition(func: PrimFunc) -> PrimFunc:
     guards are split one loop at a time; GPU-bound loops are left alone. The
     result is simplified, so the tail of a split inner loop loses its dead
     part and the inner loop of the tail runs over the reduced extent.
+
+    A loop of constant bounds annotated `PARTITION_SELECTS` (TVM's `likely`
+    conditions) is also cut where a select's condition changes with its
+    variable: zero padding's `select(x >= 1 and x < 57, a[min(max(x - 1, 0),
+    55)], 0)` becomes a loop of zeros, a loop of plain (vectorizable) copies
+    `a[x - 1]` and a loop of zeros. Opt-in: a select over a loop is usually
+    cheaper than the copies of its body.
 
     Args:
         func: the function.
@@ -124,6 +144,20 @@ class _Partitioner(StmtExprMutator):
         return e
 
     def visit_for(self, s: For) -> Stmt:
+        if PARTITION_SELECTS in s.annotations:  # the request is this pass's: it leaves the loop either way
+            pieces = self._select_pieces(s)
+            if pieces is None:
+                s = attrs.evolve(s, annotations={k: v for k, v in s.annotations.items() if k != PARTITION_SELECTS})
+        else:
+            pieces = None
+        if pieces is not None:
+            out = []
+            for piece in pieces:
+                with self.ana.bound_range(piece.loop_var, piece.min, piece.extent):
+                    # decided selects fold now, so loops inside are not cut for them
+                    body = simplify_stmt(piece.body, self.ana)
+                out.append(self.visit_for(attrs.evolve(piece, body=body)))
+            return seq(*out)
         split = None if s.kind is ForKind.THREAD_BINDING else self._split_point(s)
         if split is None:
             with self.ana.bound_range(s.loop_var, s.min, s.extent):
@@ -148,6 +182,54 @@ class _Partitioner(StmtExprMutator):
         if isinstance(main_ext, IntImm) and main_ext.value <= 0:
             return tail
         return seq(main, tail)
+
+    def _select_pieces(self, s: For) -> list[For] | None:
+        """`s` cut at every point where the truth of a select's condition changes with its variable
+        (conditions affine in it, with constant coefficients); None when there is no such point.
+        The pieces lose the annotation, so each is partitioned once."""
+        if s.kind not in (ForKind.SERIAL, ForKind.VECTORIZED, ForKind.UNROLLED):
+            return None
+        if not (isinstance(s.min, IntImm) and isinstance(s.extent, IntImm)):
+            return None
+        lo, hi = s.min.value, s.min.value + s.extent.value
+        points: set[int] = set()
+
+        def visit(n: Node) -> None:
+            if isinstance(n, Select):
+                for cond in _conjuncts(n.cond):
+                    points.update(p for p in self._flips(cond, s.loop_var) if lo < p < hi)
+
+        post_order_visit(s.body, visit)
+        if not points:
+            return None
+        bounds = [lo, *sorted(points), hi]
+        notes = {k: v for k, v in s.annotations.items() if k != PARTITION_SELECTS}
+        pieces = []
+        for start, stop in itertools.pairwise(bounds):
+            var = Var(s.loop_var.name, s.loop_var.dtype)
+            body = substitute(s.body, {s.loop_var: var})
+            pieces.append(For(var, const(start, var.dtype), const(stop - start, var.dtype), s.kind, body,
+                              s.thread_tag, notes))
+        return pieces
+
+    def _flips(self, cond: PrimExpr, var: Var) -> list[int]:
+        """The values v of `var` where comparison `cond` (c * var + r against 0, c and r constants)
+        differs from its value at v - 1."""
+        if not isinstance(cond, (LT, LE, GT, GE)) or cond.a.dtype != var.dtype or var.dtype not in LINEAR_DTYPES:
+            return []
+        lin = self.ana.linear(cond.a).add(self.ana.linear(cond.b), -1)
+        key = next((k for k, (atom, _) in lin.terms.items() if atom is var), None)
+        if key is None or len(lin.terms) != 1:
+            return []
+        c, r = lin.coef(key), lin.const
+
+        def holds(v: int) -> bool:
+            d = c * v + r
+            return d < 0 if isinstance(cond, LT) else d <= 0 if isinstance(cond, LE) else \
+                d > 0 if isinstance(cond, GT) else d >= 0
+
+        edge = -r // c
+        return [v for v in range(edge - 1, edge + 3) if holds(v) != holds(v - 1)]
 
     def _split_point(self, s: For) -> tuple[PrimExpr, object] | None:
         """The main part's extent and the guard it makes true, for the first guard on `s.loop_var`."""

@@ -18,7 +18,7 @@ from kiln import tir
 from kiln.tir.functor import StmtExprMutator, post_order_visit, used_vars
 from kiln.tir.simplify import Analyzer, linear_form, simplify, simplify_stmt
 from kiln.tir.stmt import Allocate, BufferStore, Evaluate, For, ForKind, IfThenElse, LetStmt, PrimFunc, SeqStmt
-from kiln.tir.transform import loop_partition, simplify_func, substitute, unroll_loops
+from kiln.tir.transform import PARTITION_SELECTS, loop_partition, simplify_func, substitute, unroll_loops
 
 vi, vj, vk = tir.Var("i"), tir.Var("j"), tir.Var("k")
 vx = tir.Var("x", "float32")
@@ -421,6 +421,70 @@ def test_loop_partition_leaves_loops_without_guards_alone() -> None:
     b = tir.buffer("B", [16])
     f = PrimFunc("f", [b], tir.for_range(vi, 16, BufferStore(b, C(1.0), [vi])))
     assert str(loop_partition(f)) == str(f)
+
+
+def _pad_func(annotate: bool, stride: int = 1) -> PrimFunc:
+    """`B[y, x] = A[y - 1, x * stride - 2]` inside, 0 in the padding: the select and clamps te's pad writes."""
+    h, w, wp = 5, 7, 12
+    a, b = tir.buffer("A", [h, w]), tir.buffer("B", [h + 2, wp])
+    y, x = tir.Var("y"), tir.Var("x")
+    col = x * stride - 2
+    inside = tir.all_of(y - 1 >= 0, y - 1 < h, col >= 0, col < w)
+    value = a.load(tir.max_(tir.min_(y - 1, h - 1), 0), tir.max_(tir.min_(col, w - 1), 0))
+    store = BufferStore(b, tir.select(inside, value, C(0.0, "float32")), [y, x])
+    notes = {PARTITION_SELECTS: None} if annotate else {}
+    inner = For(x, C(0), C(wp), ForKind.VECTORIZED, store, "", notes)
+    return PrimFunc("pad", [a, b], For(y, C(0), C(h + 2), ForKind.SERIAL, inner, "", notes))
+
+
+def _pad_result(func: PrimFunc, stride: int = 1) -> np.ndarray:
+    a = np.arange(35, dtype="float32").reshape(5, 7) + 1
+    b = np.full((7, 12), -1.0, "float32")
+    run(func, a, b)
+    return b
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_loop_partition_cuts_an_annotated_loop_where_its_selects_change(stride: int) -> None:
+    before = _pad_func(True, stride)
+    after = loop_partition(before)
+    text = str(after)
+    assert "select" not in text and "max(" not in text and "min(" not in text
+    copies = [n for n in _vector_loops(after) if isinstance(n.body, BufferStore) and "A[" in str(n.body)]
+    assert len(copies) == 1  # one row loop of plain copies; the zero rows and columns are loops of their own
+    want = np.zeros((7, 12), "float32")
+    a = np.arange(35, dtype="float32").reshape(5, 7) + 1
+    cols = [x for x in range(12) if 0 <= x * stride - 2 < 7]
+    want[1:6, cols] = a[:, [x * stride - 2 for x in cols]]
+    np.testing.assert_array_equal(_pad_result(after, stride), want)
+    np.testing.assert_array_equal(_pad_result(before, stride), want)
+
+
+def test_loop_partition_leaves_selects_of_loops_without_the_annotation() -> None:
+    before = _pad_func(False)
+    assert str(loop_partition(before)).count("select") == 1
+
+
+def test_simplify_merges_a_quotient_and_its_remainder_back() -> None:
+    p, po, pi = tir.Var("p"), tir.Var("po"), tir.Var("pi")
+    assert _text(simplify((p // 56) * 56 + p % 56)) == "p"
+    assert _text(simplify(((p // 56) * 56 + p % 56) * 3 + 1)) == "p * 3 + 1"
+    q = po * 64 + pi
+    assert _text(simplify((q // 56) * 56 + q % 56)) == "po * 64 + pi"  # a fused axis split: affine again
+    assert _text(simplify((p // 56) * 28 + p % 56)) == "p // 56 * 28 + p % 56"  # not a quotient's multiple
+
+
+@settings(max_examples=200, deadline=None)
+@given(EXPRS, st.integers(2, 9), st.integers(-3, 3), st.lists(st.tuples(*[st.integers(-40, 40)] * 3), min_size=1,
+                                                              max_size=4))
+def test_merged_quotient_and_remainder_keep_their_value(
+    e: tir.PrimExpr, c: int, k: int, points: list[tuple[int, ...]]
+) -> None:
+    merged = (e // c) * (c * k) + (e % c) * k + vi
+    s = simplify(merged)
+    for point in points:
+        env = dict(zip(VARS, point, strict=True))
+        assert eval_expr(s, env) == eval_expr(merged, env)
 
 
 # ---------------------------------------------------------------------------
