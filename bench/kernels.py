@@ -1,21 +1,30 @@
-"""kiln's kernels beside numpy on the same data, in one run: elementwise, row sum, matmul.
+"""kiln's kernels beside numpy and onnxruntime on the same data, in one run.
 
-Prints each median time and the ratio (numpy time / kiln time: higher is
-better for kiln). numpy's matmul is also timed in a subprocess without
-OPENBLAS_CORETYPE (this machine's environment pins OpenBLAS to its AVX2
-kernels); the faster of the two is the bar.
-
-The bars from the issue: elementwise >= 6x numpy, row sum >= 2x numpy,
+Elementwise, row sum and matmul against numpy: prints each median time and
+the ratio (numpy time / kiln time: higher is better for kiln). numpy's matmul
+is also timed in a subprocess without OPENBLAS_CORETYPE (this machine's
+environment pins OpenBLAS to its AVX2 kernels); the faster of the two is the
+bar. The bars from the issue: elementwise >= 6x numpy, row sum >= 2x numpy,
 matmul >= 0.5x the faster numpy.
+
+Convolutions of real CNNs (ResNet-50, MobileNetV2), batch 1, NCHW float32:
+each a one-node ONNX model, imported with from_onnx and built with relay.build,
+beside onnxruntime on 2 threads. Prints both GFLOP/s and the ratio
+(onnxruntime time / kiln time); the bar is 1.0. `python bench/kernels.py conv`
+runs these rows alone.
 """
 
 from __future__ import annotations
+
+import sys
+import time
+from typing import Any
 
 import numpy as np
 from timing import median_time, seconds_without_coretype
 
 import kiln
-from kiln import te
+from kiln import relay, te
 from kiln.target import Target
 
 
@@ -103,7 +112,144 @@ def numpy_matmul_without_coretype(m: int, n: int, k: int) -> float:
     return seconds_without_coretype(_NUMPY_MATMUL.format(m=m, n=n, k=k))
 
 
+# (name, C, O, H=W, kernel, stride, pad, groups): ResNet-50's 3x3, 1x1 and stride-2 convolutions and
+# its 7x7 stem, a deep 3x3, MobileNetV2's depthwise convolutions.
+CONVS = [
+    ("conv 3x3 64->64 56^2", 64, 64, 56, 3, 1, 1, 1),
+    ("conv 1x1 256->64 56^2", 256, 64, 56, 1, 1, 0, 1),
+    ("conv 3x3/2 128->128 56^2", 128, 128, 56, 3, 2, 1, 1),
+    ("conv 7x7/2 3->64 224^2 (stem)", 3, 64, 224, 7, 2, 3, 1),
+    ("conv 3x3 512->512 7^2", 512, 512, 7, 3, 1, 1, 1),
+    ("depthwise 3x3 32ch 112^2", 32, 32, 112, 3, 1, 1, 32),
+    ("depthwise 3x3/2 96ch 112^2", 96, 96, 112, 3, 2, 1, 96),
+]
+
+
+def conv_model(c: int, o: int, size: int, kernel: int, stride: int, pad: int, groups: int) -> Any:
+    """A one-node ONNX model: Conv of a (1, c, size, size) input with a random (o, c/groups, k, k) weight."""
+    import onnx
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((o, c // groups, kernel, kernel)) / np.sqrt(c // groups * kernel**2))
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[kernel, kernel], strides=[stride, stride],
+                            pads=[pad] * 4, group=groups)
+    out = (size + 2 * pad - kernel) // stride + 1
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, c, size, size])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, o, out, out])],
+        [onnx.numpy_helper.from_array(weight.astype(np.float32), "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def conv_rows(repeat: int = 20, rounds: int = 5) -> None:
+    """Times each of `CONVS` in kiln and in onnxruntime (2 threads) and prints GFLOP/s and the ratio.
+
+    Each time is the median of `rounds` medians of `repeat` runs, onnxruntime's and kiln's taken in
+    turn (onnxruntime first, its worker threads given a moment to stop spinning), so that a busy
+    moment of the machine falls on both.
+    """
+    import onnxruntime as ort
+
+    from kiln.relay.frontend import from_onnx
+
+    rng = np.random.default_rng(1)
+    print(f"{'convolution':32} {'kiln GF/s':>10} {'ORT GF/s':>9} {'ratio':>6} {'bar':>5}  max|diff|")
+    for name, c, o, size, kernel, stride, pad, groups in CONVS:
+        model = conv_model(c, o, size, kernel, stride, pad, groups)
+        x = rng.standard_normal((1, c, size, size)).astype(np.float32)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 2
+        session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        (expected,) = session.run(None, {"x": x})
+        mod, params = from_onnx(model)
+        ex = relay.build(mod, target="llvm", params=params).create_executor()
+        got = ex(x=x)
+        runs = {"ort": lambda s=session, a=x: s.run(None, {"x": a}), "kiln": lambda e=ex, a=x: e(x=a)}
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(rounds):
+            for runner, fn in runs.items():
+                time.sleep(0.05)
+                times[runner].append(median_time(fn, repeat=repeat, warmup=2))
+        t_ort, t_k = (float(np.median(times[runner])) for runner in runs)
+        out = expected.shape[-1]
+        flop = 2 * o * (c // groups) * kernel**2 * out * out
+        diff = float(np.max(np.abs(np.asarray(got) - expected)))
+        ratio = t_ort / t_k
+        print(f"{name:32} {flop / t_k / 1e9:10.1f} {flop / t_ort / 1e9:9.1f} {ratio:6.2f} {1.0:5.1f}  {diff:.2g}"
+              f"  {'ok' if ratio >= 1.0 else 'BELOW'}")
+
+
+# softmax over the last axis beside onnxruntime: (shape, bar); the small shapes are reported, held to no bar
+SOFTMAXES: list[tuple[tuple[int, ...], float | None]] = [((4096, 4096), 1.0), ((1, 1000), None), ((12, 128, 128), None)]
+
+
+def softmax_rows(repeat: int = 20, rounds: int = 5) -> None:
+    """kiln's nn.softmax along the last axis beside a one-node ONNX Softmax in onnxruntime (2 threads).
+
+    "kernel": kiln's compiled kernel into a preallocated output beside onnxruntime with its output
+    bound (io_binding); "run": the executor, `ex(x=x)`, beside `session.run` (both return new
+    arrays). Each time is the median of `rounds` medians, the four taken in turn, so that a busy
+    moment of the machine falls on all of them.
+    """
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    rng = np.random.default_rng(2)
+    print(f"{'softmax(axis=-1) f32':24} {'kiln ms':>9} {'ORT ms':>9} {'ratio':>6} {'bar':>5}  "
+          f"{'kiln run':>9} {'ORT run':>9} {'ratio':>6}  zmm")
+    for shape, bar in SOFTMAXES:
+        values = [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(shape)) for name in "xy"]
+        node = helper.make_node("Softmax", ["x"], ["y"], axis=-1)
+        model = helper.make_model(helper.make_graph([node], "softmax", values[:1], values[1:]),
+                                  opset_imports=[helper.make_opsetid("", 13)])
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 2
+        session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        x = rng.standard_normal(shape).astype(np.float32)
+        y_ort, y_kiln = np.empty_like(x), np.empty_like(x)
+        binding = session.io_binding()
+        binding.bind_cpu_input("x", x)
+        binding.bind_output("y", "cpu", 0, np.float32, list(shape), y_ort.ctypes.data)
+        v = relay.var("x", shape=shape, dtype="float32")
+        lib = relay.build(relay.Function([v], relay.nn.softmax(v)))
+        (kernel,) = lib.kernels
+        ex = lib.create_executor()
+        kernel(x, y_kiln)
+        session.run_with_iobinding(binding)
+        assert np.allclose(y_kiln, y_ort, rtol=1e-5, atol=1e-6), f"softmax {shape} differs from onnxruntime"
+        assert np.allclose(ex(x=x), session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+        runs = {
+            "kiln": lambda k=kernel, a=x, y=y_kiln: k(a, y),
+            "ort": lambda s=session, b=binding: s.run_with_iobinding(b),
+            "kiln run": lambda e=ex, a=x: e(x=a),
+            "ort run": lambda s=session, a=x: s.run(None, {"x": a}),
+        }
+        reps = repeat if x.size >= 1 << 20 else repeat * 20  # microseconds: more runs for a steady median
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(rounds):
+            for name, fn in runs.items():
+                times[name].append(median_time(fn, repeat=reps, warmup=2))
+        t = {name: float(np.median(ts)) for name, ts in times.items()}
+        ratio, run_ratio = t["ort"] / t["kiln"], t["ort run"] / t["kiln run"]
+        label = "x".join(map(str, shape))
+        bar_text, flag = ("-", "") if bar is None else (f"{bar:.1f}", "ok" if ratio >= bar else "BELOW")
+        print(f"{label:24} {t['kiln'] * 1e3:9.3f} {t['ort'] * 1e3:9.3f} {ratio:6.2f} {bar_text:>5}  "
+              f"{t['kiln run'] * 1e3:9.3f} {t['ort run'] * 1e3:9.3f} {run_ratio:6.2f}  "
+              f"{'zmm' in kernel.get_source('asm')}  {flag}")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["conv"]:
+        conv_rows()
+        return
+    if sys.argv[1:] == ["softmax"]:
+        softmax_rows()
+        return
     rng = np.random.default_rng(0)
     host = Target("llvm")
     print(f"host: {host['mcpu']}, {host['num-cores']} cores; numpy {np.__version__}")
@@ -149,6 +295,8 @@ def main() -> None:
         ratio = t_np / t_k
         flag = "ok" if ratio >= bar else "BELOW"
         print(f"{name:42} {t_np * 1e3:9.2f} {t_k * 1e3:9.2f} {ratio:7.2f} {bar:5.1f}  {zmm}  {flag}")
+    conv_rows()
+    softmax_rows()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ trailing padding is dropped.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -24,9 +25,9 @@ import numpy as np
 from kiln import te
 from kiln.ir.attrs import Attrs, FieldError, int_range, int_tuple, one_of, optional
 from kiln.ir.dtype import DataType, DTypeError
-from kiln.ir.types import ANY, AnyDim, Dim, TensorType, Type, dim_add
+from kiln.ir.types import ANY, AnyDim, Dim, TensorType, Type, dim_add, dim_mul
 from kiln.registry import OpPattern, attr, register_op
-from kiln.relay.expr import Call, Expr, call
+from kiln.relay.expr import Call, Constant, Expr, call
 from kiln.relay.op._nn_util import clamp, differ, dtype_of, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
@@ -38,6 +39,8 @@ from kiln.relay.op._schedule import (
     split_epilogue,
     vector_lanes,
 )
+from kiln.relay.op.conv_schedules import conv2d_cpu_compute, conv2d_cpu_schedule, packed_block
+from kiln.relay.op.shape import reshape, transpose
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 
@@ -210,6 +213,14 @@ def _default_kernel_layout(self: Conv2DAttrs) -> str:
     return "HWIO" if self.data_layout == "NHWC" else "OIHW"
 
 
+_KERNEL_LAYOUT = re.compile(r"OIHW|HWIO|OIHW[1-9][0-9]*o")
+
+
+def _kernel_layout(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str) or not _KERNEL_LAYOUT.fullmatch(value):
+        raise FieldError(field.name, "'OIHW', 'HWIO' or 'OIHW<b>o' (b a positive int, e.g. 'OIHW16o')", value)
+
+
 @attrs.frozen
 class Conv2DAttrs(Attrs):
     """Attributes of nn.conv2d."""
@@ -228,12 +239,51 @@ class Conv2DAttrs(Attrs):
     data_layout: str = attrs.field(default="NCHW", validator=one_of("NCHW", "NHWC"), metadata={"doc": "data layout"})
     kernel_layout: str = attrs.field(
         default=attrs.Factory(_default_kernel_layout, takes_self=True),
-        validator=one_of("OIHW", "HWIO"),
-        metadata={"doc": "weight layout; OIHW for NCHW data, HWIO for NHWC by default"},
+        validator=_kernel_layout,
+        metadata={"doc": "weight layout; OIHW for NCHW data, HWIO for NHWC by default; OIHW<b>o: packed in "
+                         "blocks of b output channels, (O/b, I, KH, KW, b) (AlterOpLayout makes it)"},
     )
     out_dtype: DataType | None = attrs.field(
         default=None, converter=optional_dtype, validator=dtype_or_none, metadata={"doc": "output dtype; None: data's"}
     )
+
+    @property
+    def kernel_block(self) -> int:
+        """b of an OIHW<b>o kernel layout; 0 for the others."""
+        return int(self.kernel_layout[4:-1]) if self.kernel_layout.endswith("o") else 0
+
+
+def unpack_kernel(w: Array, block: int) -> Array:
+    """A conv2d weight of layout OIHW<block>o, (O/block, I, KH, KW, block), as OIHW."""
+    return w.transpose(0, 4, 1, 2, 3).reshape(-1, *w.shape[1:4]) if block else w
+
+
+def kernel_dims(shape: Sequence[Dim], attrs: Conv2DAttrs) -> tuple[Dim, Dim, Dim, Dim]:
+    """(O, I, KH, KW) of a weight `shape` in `attrs.kernel_layout`."""
+    block = attrs.kernel_block
+    if block:
+        return dim_mul(shape[0], block), shape[1], shape[2], shape[3]
+    o, i, kh, kw = pick(shape, _KERNEL_AXES[attrs.kernel_layout])
+    return o, i, kh, kw
+
+
+def static_kernel_dims(weight: te.Tensor, attrs: Conv2DAttrs) -> tuple[int, int, int, int]:
+    """(O, I, KH, KW) of a lowered weight tensor."""
+    shape = tensor_shape(weight)
+    block = attrs.kernel_block
+    if block:
+        return shape[0] * block, shape[1], shape[2], shape[3]
+    o, i, kh, kw = pick(shape, _KERNEL_AXES[attrs.kernel_layout])
+    return o, i, kh, kw
+
+
+def kernel_at(weight: te.Tensor, attrs: Conv2DAttrs, o: PrimExpr, i: PrimExpr, ky: PrimExpr,
+              kx: PrimExpr) -> PrimExpr:
+    """The weight of output channel o, input channel i (of its group) and tap (ky, kx), in any kernel layout."""
+    block = attrs.kernel_block
+    if block:
+        return weight[o // block, i, ky, kx, o % block]
+    return weight[(o, i, ky, kx) if attrs.kernel_layout == "OIHW" else (ky, kx, i, o)]
 
 
 def _check_channels(c: Dim, o: Dim, i: Dim, groups: int, weight: TensorType) -> None:
@@ -272,9 +322,15 @@ def _conv2d_rel(arg_types: list[Type], attrs: Conv2DAttrs) -> Type | None:
         return None
     data, weight = tensors
     rank4(data, 0, "data", attrs.data_layout)
-    rank4(weight, 1, "a weight", attrs.kernel_layout)
+    block = attrs.kernel_block
+    if block:
+        if weight.ndim != 5 or differ(weight.shape[4], block):
+            raise RelationError(f"kernel_layout {attrs.kernel_layout} needs a weight (O/{block}, I, KH, KW, "
+                                f"{block}), found {weight}", arg=1)
+    else:
+        rank4(weight, 1, "a weight", attrs.kernel_layout)
     n, c, h, w = pick(data.shape, DATA_AXES[attrs.data_layout])
-    o, i, kh, kw = pick(weight.shape, _KERNEL_AXES[attrs.kernel_layout])
+    o, i, kh, kw = kernel_dims(weight.shape, attrs)
     _check_channels(c, o, i, attrs.groups, weight)
     o, kh, kw = _check_declared(o, kh, kw, attrs, weight)
     dtype = same_dtype([data.dtype, weight.dtype], attrs)
@@ -304,7 +360,7 @@ def _conv2d_nchw(x: Array, w: Array, attrs: Conv2DAttrs, out_dtype: np.dtype[Any
 
 def _conv2d_ref(attrs: Conv2DAttrs, data: Array, weight: Array) -> Array:
     out_dtype = attrs.out_dtype.numpy() if attrs.out_dtype else data.dtype
-    w = weight if attrs.kernel_layout == "OIHW" else weight.transpose(3, 2, 0, 1)
+    w = weight.transpose(3, 2, 0, 1) if attrs.kernel_layout == "HWIO" else unpack_kernel(weight, attrs.kernel_block)
     out = _conv2d_nchw(to_nchw(data, attrs.data_layout), w, attrs, out_dtype)
     return from_nchw(out, attrs.data_layout)
 
@@ -312,9 +368,9 @@ def _conv2d_ref(attrs: Conv2DAttrs, data: Array, weight: Array) -> Array:
 def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     """The direct convolution: a sum over (input channel of the group, kernel row, kernel column)."""
     data, weight = inputs
-    layout, kernel_layout = attrs.data_layout, attrs.kernel_layout
+    layout = attrs.data_layout
     _, _, h, w = pick(tensor_shape(data), DATA_AXES[layout])
-    o_total, ig, kh, kw = pick(tensor_shape(weight), _KERNEL_AXES[kernel_layout])
+    o_total, ig, kh, kw = static_kernel_dims(weight, attrs)
     shape = static_shape(out_type)
     dtype = dtype_of(out_type)
     _, _, oh, ow = pick(shape, DATA_AXES[layout])
@@ -328,7 +384,7 @@ def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type)
     def conv(n: PrimExpr, o: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
         c = rc if attrs.groups == 1 else o // og * ig + rc
         v = read_window(data, layout, n, c, y * sh + ry * dh - pt, x * sw + rx * dw - pl, (h, w), guard, zero)
-        k = weight[(o, rc, ry, rx) if kernel_layout == "OIHW" else (ry, rx, rc, o)]
+        k = kernel_at(weight, attrs, o, rc, ry, rx)
         return te.sum(te.cast(v, dtype) * te.cast(k, dtype), axis=[rc, ry, rx])
 
     if layout == "NCHW":
@@ -336,8 +392,10 @@ def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type)
     return [te.compute(shape, lambda n, y, x, o: conv(n, o, y, x), name="conv2d")]
 
 
-def _conv2d_tiled_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
-    """NCHW/OIHW without groups: the input padded once into a buffer, then the window sum unguarded.
+def _conv2d_rows_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """NCHW/OIHW without groups, vectorized along the output row: the input padded once into a buffer,
+    then the window sum unguarded. What the "tiled" implementation falls back to where its forms do
+    not apply (output channels with a tail that its tiles cannot cover).
 
     Other layouts and grouped convolutions get the direct compute (and the generic schedule).
     """
@@ -372,8 +430,8 @@ def _conv2d_tiled_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type:
     return [te.compute(shape, conv, name="conv2d", attrs={"tiles": tiles})]
 
 
-def _conv2d_tiled_schedule(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
-                           target: Any) -> None:
+def _conv2d_rows_schedule(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                          target: Any) -> None:
     """A tile of 8 output channels x two vectors of output (two of one row, or one of two rows) in registers.
 
     Each step of the window sum loads two input vectors and broadcasts eight
@@ -410,15 +468,56 @@ def _conv2d_tiled_schedule(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], o
             rows.parallel(rows.fuse(*rows.op.axis[:-1]))
 
 
+def _conv2d_tiled_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """The register-tiled CPU forms of `kiln.relay.op.conv_schedules` (vectorized over output channels,
+    or depthwise along the row) where one applies, else the row-vectorized compute."""
+    weight = inputs[1]
+    return conv2d_cpu_compute(
+        attrs, inputs, out_type, fallback=_conv2d_rows_compute, kernel=static_kernel_dims(weight, attrs),
+        kernel_at=lambda o, i, ky, kx: kernel_at(weight, attrs, o, i, ky, kx), block=attrs.kernel_block,
+    )
+
+
+def _conv2d_tiled_schedule(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                           target: Any) -> None:
+    """Schedules the form `_conv2d_tiled_compute` chose."""
+    conv2d_cpu_schedule(sch, anchor_outs, outs, target, _conv2d_rows_schedule)
+
+
+def _conv2d_alter_llvm(attrs: Conv2DAttrs, args: list[Expr], arg_types: list[Type], target: Any) -> Expr | None:
+    """On llvm, the constant float weight of an NCHW convolution without groups whose output channels
+    fill whole vectors is packed into (O/b, I, KH, KW, b) blocks once, at build time (FoldConstant
+    runs the reshape and transpose): the "tiled" implementation then reads b output channels'
+    weights with one vector load, where it would otherwise pack the weight on every run (as much
+    time as the convolution itself for the large weights of deep layers)."""
+    data, weight = args
+    dt, wt = arg_types
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or attrs.groups != 1:
+        return None
+    if not isinstance(weight, Constant) or not isinstance(wt, TensorType) or not isinstance(dt, TensorType):
+        return None
+    dtype = str(wt.dtype)
+    if dtype != str(dt.dtype) or dtype not in ("float32", "float64") or attrs.out_dtype not in (None, wt.dtype):
+        return None
+    o, i, kh, kw = wt.concrete_shape
+    block = packed_block(dtype)
+    if o % block:
+        return None
+    packed = transpose(reshape(weight, (o // block, block, i, kh, kw)), (0, 2, 3, 4, 1))
+    return conv2d(data, packed, attrs.strides, attrs.padding, attrs.dilation, attrs.groups, attrs.channels,
+                  attrs.kernel_size, attrs.data_layout, f"OIHW{block}o", attrs.out_dtype)
+
+
 (register_op("nn.conv2d").describe("2-D convolution (cross-correlation) with strides, padding, dilation and groups")
     .add_argument("data", "Tensor", "the input, NCHW or NHWC")
-    .add_argument("weight", "Tensor", "the kernel, OIHW or HWIO; I is channels / groups")
+    .add_argument("weight", "Tensor", "the kernel, OIHW, HWIO or OIHW<b>o (blocks of b outputs); I is C / groups")
     .set_attrs_type(Conv2DAttrs)
     .add_type_rel("Conv2d", _conv2d_rel)
     .set_support_level(2)
     .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
     .set_attr(attr.FReference, _conv2d_ref)
     .set_attr(attr.FCompute, _conv2d_compute)
+    .set_attr(attr.FAlterOpLayout["llvm"], _conv2d_alter_llvm)
     .add_implementation("tiled", _conv2d_tiled_compute, _conv2d_tiled_schedule, target="llvm",
                         dtypes=("float32", "float64"), priority=10))
 
@@ -449,7 +548,8 @@ def conv2d(
         channels: the number of output channels, checked against the weight.
         kernel_size: (KH, KW), checked against the weight.
         data_layout: "NCHW" or "NHWC".
-        kernel_layout: "OIHW" or "HWIO"; None picks the one that matches data_layout.
+        kernel_layout: "OIHW" or "HWIO"; None picks the one that matches data_layout. "OIHW<b>o" (a weight
+            (O/b, I, KH, KW, b)) is what AlterOpLayout makes of a constant OIHW weight.
         out_dtype: the output dtype; None for the input's.
 
     Returns:

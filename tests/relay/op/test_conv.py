@@ -20,6 +20,7 @@ from kiln.ir.attrs import AttrsError
 from kiln.ir.types import ANY, SizeVar, TensorType
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.op._rel import RelationError
+from kiln.relay.op.conv import Conv2DAttrs
 
 N = SizeVar("n")
 
@@ -272,7 +273,7 @@ def test_conv2d_rank_and_dtype_errors_name_the_argument() -> None:
         ({"padding": (1, 2, 3)}, r"op nn.conv2d: attribute padding must be a list of 4 ints >= 0, got \(1, 2, 3\)"),
         ({"strides": (0, 1)}, r"op nn.conv2d: attribute strides must be a list of 2 ints >= 1, got \(0, 1\)"),
         ({"data_layout": "NCWH"}, r"attribute data_layout must be one of 'NCHW', 'NHWC', got 'NCWH'"),
-        ({"kernel_layout": "IOHW"}, r"attribute kernel_layout must be one of 'OIHW', 'HWIO', got 'IOHW'"),
+        ({"kernel_layout": "IOHW"}, r"attribute kernel_layout must be 'OIHW', 'HWIO' or 'OIHW<b>o'.*got 'IOHW'"),
         ({"groups": 0}, r"attribute groups must be an int >= 1, got 0"),
         ({"out_dtype": "float8"}, r"attribute out_dtype must be a dtype name"),
     ],
@@ -315,6 +316,28 @@ def test_conv2d_reference_nhwc_hwio_equals_nchw_oihw() -> None:
     nhwc = check_ref_agrees("nn.conv2d", [x.transpose(0, 2, 3, 1), w.transpose(2, 3, 1, 0)], groups=2, padding=1,
                             strides=2, data_layout="NHWC")
     np.testing.assert_allclose(nhwc.transpose(0, 3, 1, 2), nchw, rtol=1e-5, atol=1e-5)
+
+
+def test_conv2d_packed_kernel_layout_is_oihw_in_blocks_of_output_channels() -> None:
+    x, w = rand(1, 3, 9, 8), rand(32, 3, 3, 3)
+    packed = w.reshape(2, 16, 3, 3, 3).transpose(0, 2, 3, 4, 1).copy()  # (O/16, I, KH, KW, 16)
+    out = check_ref_agrees("nn.conv2d", [x, packed], padding=1, strides=(2, 1), kernel_layout="OIHW16o")
+    np.testing.assert_allclose(out, ref("nn.conv2d", x, w, padding=1, strides=(2, 1)), rtol=1e-5, atol=1e-5)
+    assert Conv2DAttrs.make("nn.conv2d", kernel_layout="OIHW8o").kernel_block == 8
+    assert Conv2DAttrs.make("nn.conv2d").kernel_block == 0
+    check_build("nn.conv2d", x, packed, padding=1, kernel_layout="OIHW16o", rtol=1e-4, atol=1e-5)
+    check_build("nn.conv2d", x, w.reshape(4, 8, 3, 3, 3).transpose(0, 2, 3, 4, 1).copy(), kernel_layout="OIHW8o",
+                rtol=1e-4, atol=1e-5)  # blocks of 8: packed again for the 16-lane tiles
+
+
+def test_conv2d_packed_kernel_layout_errors_name_the_block() -> None:
+    with pytest.raises(RelationError, match=r"kernel_layout OIHW16o needs a weight \(O/16, I, KH, KW, 16\)") as info:
+        rel("nn.conv2d", [TensorType((1, 3, 8, 8)), TensorType((32, 3, 3, 3))], kernel_layout="OIHW16o")
+    assert info.value.arg == 1
+    with pytest.raises(RelationError, match=r"needs a weight \(O/16"):
+        rel("nn.conv2d", [TensorType((1, 3, 8, 8)), TensorType((2, 3, 3, 3, 8))], kernel_layout="OIHW16o")
+    with pytest.raises(AttrsError, match=r"kernel_layout must be 'OIHW', 'HWIO' or 'OIHW<b>o'"):
+        Conv2DAttrs.make("nn.conv2d", kernel_layout="OIHW0o")
 
 
 def test_conv2d_reference_int8_accumulates_in_out_dtype() -> None:
@@ -579,10 +602,11 @@ def _conv_calls() -> list[relay.Call]:
         relay.nn.avg_pool2d(h, 2, 2, count_include_pad=True, layout="NHWC"),
         relay.nn.global_avg_pool2d(x),
         relay.nn.global_max_pool2d(h, layout="NHWC"),
+        relay.nn.conv2d(x, relay.var("wp", shape=(1, 4, 3, 3, 16)), padding=1, kernel_layout="OIHW16o"),
     ]
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(9))
 def test_conv_call_round_trips_through_the_text_format(index) -> None:
     from kiln.relay.parser import parse
     from kiln.relay.printer import astext

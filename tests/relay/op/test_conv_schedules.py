@@ -1,0 +1,245 @@
+"""The register-tiled CPU forms of nn.conv2d (`kiln.relay.op.conv_schedules`), against numpy.
+
+Shapes exercise the tile choices and their padding: output channels that are
+not a multiple of the vector width (a zero weight block), widths that are not
+a multiple of the tile, strides, dilations, asymmetric padding, kernels 1 to 7,
+batch 2, depthwise channel multipliers; alone and with fused epilogues (bias,
+relu, residual add, clip), with the weight packed on every run (a parameter)
+and packed at build time (a constant, through AlterOpLayout).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from op_helpers import check_build, rand, ref
+
+from kiln import relay, te
+from kiln.ir.transform import PassContext, Sequential
+from kiln.registry import Op
+from kiln.relay import transform
+from kiln.relay.backend.build_module import build
+from kiln.relay.backend.te_compiler import _Lowerer
+from kiln.relay.op.conv_schedules import depthwise_tiles, ovec_tiles, pixel_tiles
+from kiln.relay.visitor import post_order
+from kiln.target import Target
+from kiln.tir.pipeline import optimize_tir
+
+
+def _lowered(func: relay.Function) -> str:
+    """The loop IR of `func` lowered as one primitive function."""
+    sch, inputs, outs = _Lowerer(relay.infer_type(func), Target("llvm")).run()
+    return str(te.lower(sch, [*inputs, *outs]))
+
+
+def _conv_func(x_shape: tuple[int, ...], w_shape: tuple[int, ...], **kw: Any) -> relay.Function:
+    x, w = relay.var("x", shape=x_shape), relay.var("w", shape=w_shape)
+    return relay.Function([x, w], relay.nn.conv2d(x, w, **kw))
+
+
+# --- "ovec": vectorized over output channels ------------------------------------------------------
+
+OVEC_CASES = [
+    ((1, 8, 14, 14), (32, 8, 3, 3), {"padding": 1}),
+    ((2, 5, 13, 11), (20, 5, 3, 3), {"padding": (1, 0, 2, 1)}),  # 20 channels: a zero-padded block; odd widths
+    ((1, 6, 17, 19), (48, 6, 3, 3), {"strides": 2, "padding": 1}),  # 3 blocks in one tile
+    ((1, 3, 30, 30), (16, 3, 7, 7), {"strides": 2, "padding": 3}),  # the stem's shape, small
+    ((1, 4, 12, 12), (16, 4, 5, 5), {"dilation": 2, "padding": (4, 3, 2, 1)}),
+    ((2, 24, 9, 9), (64, 24, 1, 1), {}),  # 1x1, no pad stage
+    ((1, 16, 10, 9), (80, 16, 1, 1), {"strides": 2}),  # 5 blocks: tiles of one block
+    ((1, 7, 8, 10), (8, 7, 2, 3), {"strides": (2, 1), "padding": (0, 2)}),  # fewer channels than a vector
+    ((2, 8, 7, 7), (256, 8, 3, 3), {"padding": 1}),  # 16 channel tiles x 2 images: tiles on the cores
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), OVEC_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_ovec_form_matches_numpy(x_shape, w_shape, kw, dtype) -> None:
+    tol = 1e-4 if dtype == "float32" else 1e-11
+    check_build("nn.conv2d", rand(*x_shape, dtype=dtype), rand(*w_shape, dtype=dtype), rtol=tol, atol=tol, **kw)
+
+
+def test_ovec_is_the_form_of_a_convolution_without_groups() -> None:
+    text = _lowered(_conv_func((1, 8, 14, 14), (32, 8, 3, 3), padding=1))
+    assert "conv2d_blocked = allocate((1, " in text and "weight_packed = allocate((2, 8, 3, 3, 16)" in text
+    # the micro-kernel: no guard and no select between the tile's allocation and its write-back
+    kernel = text.split("conv2d_blocked = allocate")[1].split("conv2d[")[0]
+    assert "if " not in kernel and "select" not in kernel
+
+
+@pytest.mark.parametrize(("o", "ow", "expected"), [
+    (64, 56, (4, 4)),  # no padded columns, 16 accumulators, fewest loads per FMA
+    (512, 7, (2, 7)),  # a whole row of 7 (three blocks would not divide 32)
+    (48, 17, (1, 17)),  # no padded column beats more channels per tile
+    (20, 9, (2, 9)),  # a tail of channels: a tile of both blocks
+    (72, 9, None),  # a tail of channels in 5 blocks: no tile covers it
+])
+def test_ovec_tiles_waste_little_and_use_many_accumulators(o, ow, expected) -> None:
+    assert ovec_tiles(o, ow, 16) == expected
+
+
+def test_channel_tails_beyond_one_tile_fall_back_to_the_row_form() -> None:
+    text = _lowered(_conv_func((1, 4, 9, 9), (72, 4, 3, 3), padding=1))
+    assert "conv2d_blocked" not in text
+    check_build("nn.conv2d", rand(1, 4, 9, 9), rand(72, 4, 3, 3), padding=1, rtol=1e-4, atol=1e-4)
+
+
+# --- "pixels": 1x1 with few input channels, vectorized along the row -------------------------------
+
+PIXELS_CASES = [
+    ((1, 16, 5, 32), (24, 16, 1, 1), {}),  # rows of whole vectors
+    ((2, 12, 3, 24), (40, 12, 1, 1), {}),  # a half vector at the end of each row; 40 channels in tiles of 8
+    ((1, 8, 2, 120), (7, 8, 1, 1), {}),  # a row in two tiles of 4 vectors, the last one half; 7 channels
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), PIXELS_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_pixels_form_matches_numpy(x_shape, w_shape, kw, dtype) -> None:
+    tol = 1e-4 if dtype == "float32" else 1e-11
+    check_build("nn.conv2d", rand(*x_shape, dtype=dtype), rand(*w_shape, dtype=dtype), rtol=tol, atol=tol, **kw)
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "form"), [
+    ((1, 16, 5, 32), (24, 16, 1, 1), "conv2d_pixels"),
+    ((1, 256, 5, 32), (24, 256, 1, 1), "conv2d_blocked"),  # many input channels: "ovec"
+    ((1, 16, 5, 28), (24, 16, 1, 1), "conv2d_blocked"),  # rows ending in 12 lanes: "ovec"
+])
+def test_pixels_takes_1x1_convolutions_with_few_input_channels(x_shape, w_shape, form) -> None:
+    assert f"{form} = allocate" in _lowered(_conv_func(x_shape, w_shape))
+
+
+@pytest.mark.parametrize(("o", "ow", "expected"), [(96, 56, (6, 4)), (24, 112, (6, 4)), (7, 120, (1, 4))])
+def test_pixel_tiles_take_whole_rows_of_up_to_six_vectors(o, ow, expected) -> None:
+    assert pixel_tiles(o, ow, 16) == expected
+
+
+# --- "depthwise" ----------------------------------------------------------------------------------
+
+DEPTHWISE_CASES = [
+    ((1, 24, 20, 20), (24, 1, 3, 3), {"padding": 1, "groups": 24}),  # rows of 20: two vectors, one padded
+    ((2, 8, 17, 15), (8, 1, 3, 3), {"strides": 2, "padding": 1, "groups": 8}),  # two phase planes
+    ((1, 6, 19, 23), (6, 1, 5, 5), {"strides": 2, "padding": 2, "groups": 6}),
+    ((1, 4, 14, 14), (4, 1, 7, 7), {"padding": 3, "groups": 4}),  # ConvNeXt's 7x7
+    ((1, 4, 11, 12), (8, 1, 3, 3), {"padding": (1, 0, 2, 1), "groups": 4}),  # two outputs per channel
+    ((1, 5, 13, 13), (5, 1, 3, 3), {"dilation": 2, "padding": 2, "groups": 5}),
+    ((1, 3, 9, 10), (3, 1, 3, 2), {"strides": (1, 3), "groups": 3}),  # no padding, a column stride of 3
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), DEPTHWISE_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_depthwise_form_matches_numpy(x_shape, w_shape, kw, dtype) -> None:
+    tol = 1e-4 if dtype == "float32" else 1e-11
+    check_build("nn.conv2d", rand(*x_shape, dtype=dtype), rand(*w_shape, dtype=dtype), rtol=tol, atol=tol, **kw)
+
+
+def test_depthwise_pads_each_channel_with_a_plain_copy_between_loops_of_zeros() -> None:
+    sch, inputs, outs = _Lowerer(relay.infer_type(_conv_func((1, 24, 20, 20), (24, 1, 3, 3), padding=1, groups=24)),
+                                 Target("llvm")).run()
+    text = str(optimize_tir(te.lower(sch, [*inputs, *outs])))
+    # per channel (inside the parallel loop), rows of zeros, then rows of: a zero, a vectorized copy, zeros
+    assert text.index("# parallel") < text.index("pad = allocate((1, 1, 22, 34)") < text.index("conv2d_depthwise")
+    copy = re.search(r"for (x_\d+) in range\(1, 21\):  # vectorized\n\s+pad\[0, 0, y, \1\] = "
+                     r"x\[0, b_oc_fused, y - 1, \1 - 1\]", text)
+    assert copy is not None, text
+    assert "select(" not in text.split("conv2d_depthwise")[0]
+
+
+@pytest.mark.parametrize(("oh", "ow", "expected"), [(112, 112, (2, 7)), (56, 56, (4, 4)), (7, 7, (7, 1))])
+def test_depthwise_tiles_cover_whole_rows(oh, ow, expected) -> None:
+    assert depthwise_tiles(oh, ow, 16) == expected
+
+
+def test_grouped_and_nhwc_convolutions_keep_the_direct_compute() -> None:
+    check_build("nn.conv2d", rand(1, 8, 8, 8), rand(8, 2, 3, 3), groups=4, padding=1, rtol=1e-4, atol=1e-4)
+    check_build("nn.conv2d", rand(1, 8, 8, 4), rand(3, 3, 4, 20), data_layout="NHWC", padding=1,
+                rtol=1e-4, atol=1e-4)
+
+
+# --- fused epilogues, weights packed at build time ------------------------------------------------
+
+
+def _epilogue(kind: str, y: relay.Expr, o: int, params: list[relay.Var]) -> relay.Expr:
+    if kind == "bias_relu":
+        b = relay.var("b", shape=(o,))
+        params.append(b)
+        return relay.nn.relu(relay.nn.bias_add(y, b))
+    if kind == "residual":
+        r = relay.var("r", shape=tuple(int(d) for d in relay.infer_type(y).checked_type.shape))
+        params.append(r)
+        return relay.add(y, r)
+    return relay.clip(y, 0.0, 6.0)
+
+
+def _numpy_epilogue(kind: str, y: np.ndarray, values: dict[str, np.ndarray]) -> np.ndarray:
+    if kind == "bias_relu":
+        return np.maximum(y + values["b"][None, :, None, None], 0)
+    if kind == "residual":
+        return y + values["r"]
+    return np.clip(y, 0, 6)
+
+
+@pytest.mark.parametrize("kind", ["bias_relu", "residual", "clip"])
+@pytest.mark.parametrize("constant", [False, True])
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [OVEC_CASES[1], OVEC_CASES[2], PIXELS_CASES[1],
+                                                       DEPTHWISE_CASES[1]])
+def test_fused_epilogues_run_on_the_tile(kind, constant, x_shape, w_shape, kw) -> None:
+    xv, wv = rand(*x_shape), rand(*w_shape)
+    x = relay.var("x", shape=x_shape)
+    params = [x]
+    if constant:
+        weight: relay.Expr = relay.const(wv)
+    else:
+        weight = relay.var("w", shape=w_shape)
+        params.append(weight)
+    y = relay.nn.conv2d(x, weight, **kw)
+    body = _epilogue(kind, y, w_shape[0], params)
+    conv = ref("nn.conv2d", xv, wv, **kw)
+    values = {"x": xv, "w": wv, "b": rand(w_shape[0]), "r": rand(*conv.shape)}
+    lib = build(relay.Function(params, body))
+    assert len(lib.kernels) == 1  # the epilogue is fused into the convolution
+    got = lib.create_executor()(**{p.name_hint: values[p.name_hint] for p in params})
+    np.testing.assert_allclose(np.asarray(got), _numpy_epilogue(kind, conv, values), rtol=1e-4, atol=1e-4)
+
+
+def _altered_convs(func: relay.Function) -> list[relay.Call]:
+    """The conv2d calls of `func` after AlterOpLayout and FoldConstant for llvm."""
+    with PassContext(opt_level=3, verify=True), Target("llvm"):
+        mod = Sequential([transform.InferType(), transform.AlterOpLayout(), transform.FoldConstant()])(
+            relay.IRModule.from_expr(func))
+    return [n for n in post_order(mod["main"]) if isinstance(n, relay.Call) and n.op is Op.get("nn.conv2d")]
+
+
+def test_a_constant_weight_is_packed_at_build_time_and_read_as_it_is() -> None:
+    xv, wv = rand(1, 8, 10, 10), rand(32, 8, 3, 3)
+    x = relay.var("x", shape=xv.shape)
+    func = relay.Function([x], relay.nn.relu(relay.nn.conv2d(x, relay.const(wv), padding=1)))
+    (conv,) = _altered_convs(func)
+    assert conv.attrs.kernel_layout == "OIHW16o"
+    packed = conv.args[1]
+    assert isinstance(packed, relay.Constant)  # FoldConstant ran the transform: nothing is left to run
+    np.testing.assert_array_equal(packed.data, wv.reshape(2, 16, 8, 3, 3).transpose(0, 2, 3, 4, 1))
+    got = build(func).create_executor()(x=xv)
+    np.testing.assert_allclose(np.asarray(got), np.maximum(ref("nn.conv2d", xv, wv, padding=1), 0),
+                               rtol=1e-4, atol=1e-4)
+    # the kernel reads the packed constant: no packing stage
+    xp = relay.var("x", shape=xv.shape)
+    wp = relay.var("w", shape=packed.data.shape)
+    text = _lowered(relay.Function([xp, wp], relay.nn.conv2d(xp, wp, padding=1, kernel_layout="OIHW16o")))
+    assert "weight_packed" not in text and "conv2d_blocked = allocate" in text
+
+
+@pytest.mark.parametrize(("w_shape", "kw"), [
+    ((20, 8, 3, 3), {}),  # channels not a multiple of the block
+    ((8, 1, 3, 3), {"groups": 8}),  # depthwise: no packing
+    ((32, 8, 3, 3), {"out_dtype": "float64"}),  # float64 tiles: blocks of 8, not 16
+])
+def test_weights_that_the_tiles_read_as_they_are_keep_their_layout(w_shape, kw) -> None:
+    x = relay.var("x", shape=(1, 8, 6, 6))
+    func = relay.Function([x], relay.nn.conv2d(x, relay.const(rand(*w_shape)), **kw))
+    (conv,) = _altered_convs(func)
+    assert conv.attrs.kernel_layout == "OIHW"
