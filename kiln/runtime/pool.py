@@ -12,8 +12,11 @@ on the calling thread and on the pool's persistent workers:
   libgomp, which kiln used before, gave each thread a fixed block and waited at
   a barrier for every thread of the team, once per kernel: with one of two
   cores busy, models ran 10-100x slower.
-- Workers spin briefly for the next job, then sleep on a futex; the caller
-  wakes them only when one sleeps. A caller that waits for a chunk still in a
+- Workers spin for the next job for about 0.8 ms, then sleep on a futex; the
+  caller wakes them only when one sleeps. Waking a sleeping thread takes long
+  on these virtual machines: with 70 us of spinning, the gaps between a
+  model's kernel calls (Python's) put the workers to sleep, and after a pause
+  a 3x3 conv ran at one core's speed for tens of calls (110 vs 195 GFLOP/s). A caller that waits for a chunk still in a
   worker's hands also spins briefly and then sleeps, leaving its core idle, so
   the OS can move the worker onto it.
 - One caller at a time: a second thread calling while the pool is taken, a
@@ -43,7 +46,7 @@ import llvmlite.binding as llvm
 PARALLEL_FOR = "kiln_parallel_for"
 MAX_WORKERS = 1023  # the workers' thread handles live in a fixed table
 CHUNKS_PER_THREAD = 4  # enough chunks that a late or descheduled worker leaves little to wait for
-_WORKER_SPIN_CYCLES = 200_000  # ~70 us of time-stamp-counter cycles a worker spins for the next job
+_WORKER_SPIN_CYCLES = 2_000_000  # ~0.8 ms of time-stamp-counter cycles a worker spins for the next job
 _CALLER_SPIN_CYCLES = 60_000  # ~20 us the caller spins for chunks still running elsewhere, then sleeps
 
 _SYS_FUTEX = 202  # x86-64 Linux
