@@ -222,6 +222,8 @@ class Module:
 
         Raises:
             ValueError: for another format.
+            KilnError: for the code of a kernel loaded from a library file (`runtime.load`, or
+                relay.build's library cache), which holds object code only.
         """
         if fmt == "tir":
             return str(self.func)
@@ -230,4 +232,7 @@ class Module:
         with self._lock:
             if fmt not in self._sources and self._regenerate is not None:
                 self._sources.update(self._regenerate())
+            if fmt not in self._sources:
+                raise KilnError(f"kernel {self.name!r} was loaded from a library file, which holds its object "
+                                f"code only: no {fmt!r} text (build it again with KILN_CACHE=0 to see it)")
             return self._sources[fmt]

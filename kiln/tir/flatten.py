@@ -3,7 +3,8 @@
 `flatten(func)` returns a PrimFunc whose buffers (parameters and allocations)
 are all one-dimensional, of `prod(shape)` elements, indexed by an int64 offset
 `((i0 * d1 + i1) * d2 + i2) ...`. Indices are widened to int64 before they are
-multiplied, so arrays over 2**31 elements index correctly. Parameters keep
+multiplied, so arrays over 2**31 elements index correctly; in a static buffer
+of fewer elements the offset is computed in int32 and widened once. Parameters keep
 their order; `flat.attrs["size_vars"]` keeps the original function's symbolic
 dims (the flat shapes are products of them). Statement nesting is walked
 recursively (it is as deep as the loop nest); expressions too (they are small).
@@ -59,10 +60,27 @@ def flat_offset(buf: Buffer, indices: tuple[PrimExpr, ...]) -> PrimExpr:
         raise TIRError(f"buffer {buf.name} has {buf.ndim} dims, indexed with {len(indices)}")
     if not indices:
         return const(0, "int64")
+    narrow = _static_size(buf) < 2**31 and all(i.dtype == "int32" for i in indices)
+    if narrow:  # every offset inside the buffer fits int32: widened once, so the simplifier can fold
+        off = indices[0]  # (x // 55) * 55 + x % 55 back to x (casts in between would hide it)
+        for d, i in zip(buf.shape[1:], indices[1:], strict=True):
+            off = binary(_Add, binary(_Mul, off, cast("int32", d)), i)
+        return cast("int64", off)
     off = cast("int64", indices[0])
     for d, i in zip(buf.shape[1:], indices[1:], strict=True):
         off = binary(_Add, binary(_Mul, off, cast("int64", d)), cast("int64", i))
     return off
+
+
+def _static_size(buf: Buffer) -> int:
+    """The number of elements of `buf`, or 2**63 when a dim is symbolic."""
+    size = 1
+    for d in buf.shape:
+        value = getattr(d, "value", None)
+        if not isinstance(value, int):
+            return 2**63
+        size *= value
+    return size
 
 
 class _Flattener:

@@ -187,8 +187,8 @@ class _Partitioner(StmtExprMutator):
         """`s` cut at every point where the truth of a select's condition changes with its variable
         (conditions affine in it, with constant coefficients); None when there is no such point.
         The pieces lose the annotation, so each is partitioned once."""
-        if s.kind not in (ForKind.SERIAL, ForKind.VECTORIZED, ForKind.UNROLLED):
-            return None
+        if s.kind not in (ForKind.SERIAL, ForKind.VECTORIZED, ForKind.UNROLLED, ForKind.PARALLEL):
+            return None  # a parallel loop cut in pieces is pieces run on the cores one after another
         if not (isinstance(s.min, IntImm) and isinstance(s.extent, IntImm)):
             return None
         lo, hi = s.min.value, s.min.value + s.extent.value

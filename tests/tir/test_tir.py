@@ -460,6 +460,22 @@ def test_loop_partition_cuts_an_annotated_loop_where_its_selects_change(stride: 
     np.testing.assert_array_equal(_pad_result(before, stride), want)
 
 
+def test_loop_partition_cuts_an_annotated_parallel_loop_into_parallel_pieces() -> None:
+    """concatenate's schedule: the parallel loop over the joined axis, cut where one piece ends."""
+    a, b, out = tir.buffer("A", [3, 4]), tir.buffer("B", [2, 4]), tir.buffer("O", [5, 4])
+    c, x = tir.Var("c"), tir.Var("x")
+    value = tir.select(c < 3, a.load(tir.min_(c, 2), x), b.load(tir.max_(c - 3, 0), x))
+    inner = For(x, C(0), C(4), ForKind.VECTORIZED, BufferStore(out, value, [c, x]))
+    func = PrimFunc("cat", [a, b, out], For(c, C(0), C(5), ForKind.PARALLEL, inner, "", {PARTITION_SELECTS: None}))
+    after = loop_partition(func)
+    loops = [n for n in _nodes(after.body) if isinstance(n, For) and n.kind is ForKind.PARALLEL]
+    assert [(n.min.value, n.extent.value) for n in loops] == [(0, 3), (3, 2)] and "select" not in str(after)
+    arr_a, arr_b = np.arange(12, dtype="float32").reshape(3, 4), -np.arange(8, dtype="float32").reshape(2, 4)
+    got = np.zeros((5, 4), "float32")
+    run(after, arr_a, arr_b, got)
+    np.testing.assert_array_equal(got, np.concatenate([arr_a, arr_b]))
+
+
 def test_loop_partition_leaves_selects_of_loops_without_the_annotation() -> None:
     before = _pad_func(False)
     assert str(loop_partition(before)).count("select") == 1
