@@ -27,17 +27,13 @@ from kiln.relay.expr import (
 )
 from kiln.relay.interpreter import create_executor
 from kiln.relay.op import image, nn
+from kiln.relay.op.creation import arange, full, ones, ones_like, shape_of, zeros, zeros_like
 from kiln.relay.op.reduce import argmax, argmin, max, mean, min, prod, sum
 from kiln.relay.op.shape import (
-    arange,
     broadcast_to,
     concatenate,
     expand_dims,
-    full,
-    ones,
-    ones_like,
     reshape,
-    shape_of,
     split,
     squeeze,
     stack,
@@ -45,8 +41,6 @@ from kiln.relay.op.shape import (
     take,
     tile,
     transpose,
-    zeros,
-    zeros_like,
 )
 from kiln.relay.op.tensor import (
     abs,

@@ -29,6 +29,7 @@ from kiln.ir.transform import ModulePass, PassContext
 from kiln.ir.types import TensorType
 from kiln.registry import Op
 from kiln.relay.expr import Call, Constant, Expr, Function, Tuple, TupleGetItem, const
+from kiln.relay.op import creation as _creation
 from kiln.relay.op import shape as _shape
 from kiln.relay.op import tensor as _tensor
 from kiln.relay.transform._common import relay_pass, rewrite_module, tensor_type_of
@@ -85,7 +86,7 @@ class _Simplifier(ExprMutator):
 
     def rewrite_call(self, node: Call, op: Op | Expr, args: tuple[Expr, ...]) -> Expr:
         if op is self.dropout:
-            out: Expr = Tuple((args[0], _shape.ones_like(args[0])), span=node.span)
+            out: Expr = Tuple((args[0], _creation.ones_like(args[0])), span=node.span)
             self.created.add(id(out))
             return out
         if op is self.batch_norm:
