@@ -233,8 +233,22 @@ def test_a_constant_weight_is_packed_at_build_time_and_read_as_it_is() -> None:
     assert "weight_packed" not in text and "conv2d_blocked = allocate" in text
 
 
+def test_a_channel_tail_no_tile_covers_is_padded_with_zero_weights_and_sliced_off() -> None:
+    """A 1000-class 1x1 convolution (here 100 channels: 7 blocks, the last one a quarter full)."""
+    xv, wv, bv = rand(1, 8, 6, 6), rand(100, 8, 1, 1), rand(100)
+    x = relay.var("x", shape=xv.shape)
+    body = relay.nn.relu(relay.nn.bias_add(relay.nn.conv2d(x, relay.const(wv)), relay.const(bv)))
+    func = relay.Function([x], body)
+    (conv,) = _altered_convs(func)
+    assert conv.attrs.kernel_layout == "OIHW16o" and conv.args[1].data.shape == (7, 8, 1, 1, 16)
+    np.testing.assert_array_equal(conv.args[1].data[6, :, 0, 0, 4:], 0)  # the padding: zero weights
+    got = build(func).create_executor()(x=xv)
+    want = np.maximum(ref("nn.conv2d", xv, wv) + bv[:, None, None], 0)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize(("w_shape", "kw"), [
-    ((20, 8, 3, 3), {}),  # channels not a multiple of the block
+    ((20, 8, 3, 3), {}),  # channels not a multiple of the block, in one tile of all blocks
     ((8, 1, 3, 3), {"groups": 8}),  # depthwise: no packing
     ((32, 8, 3, 3), {"out_dtype": "float64"}),  # float64 tiles: blocks of 8, not 16
 ])
