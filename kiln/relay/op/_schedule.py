@@ -17,6 +17,7 @@ group) and `outs` the group's outputs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,15 +62,21 @@ def static_size(t: te.Tensor) -> int | None:
     return size
 
 
+_ROW_MIN = 64  # elements of the trailing axes from which an injective stage is scheduled as rows
+
+
 def schedule_injective_stage(sch: te.Schedule, t: te.Tensor) -> None:
     """One injective stage: all axes fused, split into vector-wide chunks, the chunks parallel.
 
     The innermost chunk is vectorized; blocks of chunks run on the cores when the
-    tensor is large enough for it to pay.
+    tensor is large enough for it to pay. A static tensor whose trailing axes
+    hold `_ROW_MIN` elements or more is done as rows instead (`_schedule_rows`).
     """
     stage = sch[t]
     axes = list(stage.op.axis)
     if not axes:
+        return
+    if _schedule_rows(stage, t):
         return
     fused = axes[0] if len(axes) == 1 else stage.fuse(*axes)
     lanes = vector_lanes(t.dtype)
@@ -81,6 +88,31 @@ def schedule_injective_stage(sch: te.Schedule, t: te.Tensor) -> None:
     if size is None or size >= _PARALLEL_MIN:
         block, _ = stage.split(outer, factor=64)
         stage.parallel(block)
+
+
+def _schedule_rows(stage: te.Stage, t: te.Tensor) -> bool:
+    """Rows: the leading axes fused into rows (on the cores), the trailing axes (at least `_ROW_MIN`
+    elements, fewest axes) fused into one vectorized loop per row. A value broadcast along the row (a
+    per-channel scale or bias of NCHW data: squeeze-excite's gate) is then one scalar per row, where
+    in a split of all axes fused its index was a division per lane (a gather). Returns False (nothing
+    scheduled) for symbolic shapes, a single row, or no trailing axes of `_ROW_MIN` elements."""
+    dims = [getattr(d, "value", None) for d in t.shape]
+    shape = [d for d in dims if isinstance(d, int)]
+    if len(shape) < 2 or len(shape) != len(dims):
+        return False
+    k = len(shape) - 1
+    while k > 0 and math.prod(shape[k:]) < _ROW_MIN:
+        k -= 1
+    if k == 0 or math.prod(shape[:k]) == 1:  # one row: all axes split into chunks spreads it on the cores
+        return False
+    axes = list(stage.op.axis)
+    rows = axes[0] if k == 1 else stage.fuse(*axes[:k])
+    row = axes[k] if k == len(axes) - 1 else stage.fuse(*axes[k:])
+    _, inner = stage.split(row, factor=vector_lanes(t.dtype))  # the tail: a loop of its own (partitioned)
+    stage.vectorize(inner)
+    if worth_parallel(math.prod(shape)):
+        stage.parallel(rows)
+    return True
 
 
 def schedule_injective(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],

@@ -236,7 +236,7 @@ def _pool_stages(anchor_outs: Sequence[te.Tensor]) -> list[te.Tensor]:
 
 def _schedule_pool(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
                    target: Any) -> None:
-    """The rows of the output (all axes but the last, fused) on the cores.
+    """The rows of the output (all axes but the last, fused) on the cores; a global pool's channels.
 
     Along a row LLVM vectorizes on its own once the small window loops are
     unrolled; forcing vectors with the window loops outside (accumulating in the
@@ -244,8 +244,11 @@ def _schedule_pool(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Seq
     """
     for t in _pool_stages(anchor_outs):
         stage = sch[t]
-        if len(stage.op.axis) > 1:
-            stage.parallel(stage.fuse(*stage.op.axis[:-1]))
+        axes = list(stage.op.axis)
+        if len(axes) == 2:  # a global pool's (N, C) sums: every channel's plane is a task for the cores
+            stage.parallel(stage.fuse(*axes))
+        elif len(axes) > 2:
+            stage.parallel(stage.fuse(*axes[:-1]))
     for t in outs:
         if not (isinstance(t.op, te.ComputeOp) and t.op.reduce_axis):
             schedule_injective_stage(sch, t)
