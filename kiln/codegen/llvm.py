@@ -85,7 +85,6 @@ from kiln.tir.stmt import (
     SeqStmt,
     Stmt,
 )
-from kiln.tir.transform import simplify_func
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -199,9 +198,7 @@ class CodeGenLLVM:
     def compile(self, func: PrimFunc) -> str:
         """The LLVM IR text of `func` (before optimization)."""
         size_vars = func.size_vars
-        # simplified once flat: row-major offsets such as (x // 55) * 55 + x % 55 fold back to x, so the
-        # loads they address are contiguous in LLVM's eyes (not gathers)
-        flat = simplify_func(flatten(func))
+        flat = flatten(func)
         self.module = ir.Module(name=func.name)
         self.module.triple = linker.target_triple(self.target)
         args = [PTR] * len(flat.params) + [I64] * len(size_vars)
