@@ -62,7 +62,7 @@ def static_size(t: te.Tensor) -> int | None:
     return size
 
 
-_ROW_MIN = 64  # elements of the trailing axes from which an injective stage is scheduled as rows
+_ROW_MIN = 16  # elements of the trailing axes from which an injective stage is scheduled as rows
 
 
 def schedule_injective_stage(sch: te.Schedule, t: te.Tensor) -> None:
@@ -108,8 +108,14 @@ def _schedule_rows(stage: te.Stage, t: te.Tensor) -> bool:
     axes = list(stage.op.axis)
     rows = axes[0] if k == 1 else stage.fuse(*axes[:k])
     row = axes[k] if k == len(axes) - 1 else stage.fuse(*axes[k:])
-    _, inner = stage.split(row, factor=vector_lanes(t.dtype))  # the tail: a loop of its own (partitioned)
-    stage.vectorize(inner)
+    lanes = vector_lanes(t.dtype)
+    if math.prod(shape[k:]) % lanes and len(axes) - k > 1:
+        # whole rows of several axes (14 x 14): a split would leave a tail guard on a quotient
+        # ((o * 16 + i) // 14 < 14) that stays in the vector loop; LLVM vectorizes the row with its own tail
+        stage.vectorize(row)
+    else:
+        _, inner = stage.split(row, factor=lanes)  # the tail: a loop of its own (partitioned)
+        stage.vectorize(inner)
     if worth_parallel(math.prod(shape)):
         stage.parallel(rows)
     return True
