@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.registry import Op, attr
+from kiln.relay.op._rel import RelationError
 
 RNG = np.random.default_rng(0)
 
@@ -26,6 +30,31 @@ def rel(op: str, types: list[Type], **kw: Any) -> Type | None:
 def ref(op: str, *arrays: np.ndarray, **kw: Any) -> Any:
     """Runs op's numpy reference."""
     return Op.get(op).get_attr(attr.FReference)(make_attrs(op, **kw), *arrays)
+
+
+def relation(op: str, arg_types: list[Type], attrs: Any = None) -> Type | None:
+    """Runs op's type relation on `arg_types` with `attrs` as they are."""
+    return Op.get(op).get_attr(attr.FTypeRelation)(arg_types, attrs)
+
+
+def reference(op: str, attrs: Any, *inputs: Any) -> Any:
+    """Runs op's numpy reference with `attrs` as they are."""
+    return Op.get(op).get_attr(attr.FReference)(attrs, *inputs)
+
+
+def check(op: str, attrs: Any, *inputs: Any) -> Any:
+    """Runs the reference; its output has exactly the type the relation gives for the inputs' types."""
+    out = reference(op, attrs, *inputs)
+    assert type_of(out) == relation(op, [type_of(i) for i in inputs], attrs)
+    return out
+
+
+@contextlib.contextmanager
+def rel_error(match: str, arg: int | None = 0) -> Iterator[None]:
+    """Expects a RelationError whose message matches `match` and that blames argument `arg`."""
+    with pytest.raises(RelationError, match=match) as info:
+        yield
+    assert info.value.arg == arg
 
 
 def rand(*shape: int, dtype: str = "float32") -> np.ndarray:

@@ -3,56 +3,21 @@ and each op compiled through the real lowering path."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from op_helpers import check_build
+from op_helpers import check, check_build, rand, rel_error, relation
 
 from kiln.ir.attrs import Attrs, AttrsError
-from kiln.ir.types import IncompleteType, SizeVar, TensorType, TupleType, Type
+from kiln.ir.types import IncompleteType, SizeVar, TensorType, TupleType
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.expr import Call, Constant, var
 from kiln.relay.op import creation as C
-from kiln.relay.op._rel import RelationError
 
 n = SizeVar("n")
-rng = np.random.default_rng(0)
 Array = np.ndarray[Any, Any]
-
-
-def relation(op: str, arg_types: list[Type], attrs: Any = None) -> Type | None:
-    return Op.get(op).get_attr(attr.FTypeRelation)(arg_types, attrs)
-
-
-def reference(op: str, attrs: Any, *inputs: Any) -> Any:
-    return Op.get(op).get_attr(attr.FReference)(attrs, *inputs)
-
-
-def type_of(value: Any) -> Type:
-    return TensorType(value.shape, value.dtype)
-
-
-def check(op: str, attrs: Any, *inputs: Any) -> Any:
-    """Runs the reference; its output has exactly the type the relation gives for the inputs' types."""
-    out = reference(op, attrs, *inputs)
-    assert type_of(out) == relation(op, [type_of(i) for i in inputs], attrs)
-    return out
-
-
-def rand(*shape: int, dtype: str = "float32") -> Array:
-    return rng.standard_normal(shape).astype(dtype)
-
-
-@contextlib.contextmanager
-def rel_error(match: str, arg: int | None = 0) -> Iterator[None]:
-    """Expects a RelationError whose message matches `match` and that blames argument `arg`."""
-    with pytest.raises(RelationError, match=match) as info:
-        yield
-    assert info.value.arg == arg
 
 
 def tup(*shapes: Any, dtype: str = "float32") -> TupleType:

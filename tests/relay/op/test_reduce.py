@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from op_helpers import check_build
+from op_helpers import check_build, reference, relation
 
 from kiln.ir.attrs import AttrsError
-from kiln.ir.types import ANY, IncompleteType, SizeVar, TensorType, TupleType, Type
+from kiln.ir.types import ANY, IncompleteType, SizeVar, TensorType, TupleType
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.expr import Call, var
 from kiln.relay.op import reduce
@@ -23,14 +23,6 @@ ARG_OPS = ["argmax", "argmin"]
 NUMPY = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
 n, m = SizeVar("n"), SizeVar("m")
 rng = np.random.default_rng(0)
-
-
-def relation(op: str, arg_types: list[Type], attrs: Any) -> Type | None:
-    return Op.get(op).get_attr(attr.FTypeRelation)(arg_types, attrs)
-
-
-def reference(op: str, attrs: Any, *arrays: Any) -> Any:
-    return Op.get(op).get_attr(attr.FReference)(attrs, *arrays)
 
 
 def make_attrs(op: str, **kw: Any) -> Any:
