@@ -70,13 +70,13 @@ def schedule_injective_stage(sch: te.Schedule, t: te.Tensor) -> None:
 
     The innermost chunk is vectorized; blocks of chunks run on the cores when the
     tensor is large enough for it to pay. A static tensor whose trailing axes
-    hold `_ROW_MIN` elements or more is done as rows instead (`_schedule_rows`).
+    hold `_ROW_MIN` elements or more is done as rows instead (`_injective_rows`).
     """
     stage = sch[t]
     axes = list(stage.op.axis)
     if not axes:
         return
-    if _schedule_rows(stage, t):
+    if _injective_rows(stage, t):
         return
     fused = axes[0] if len(axes) == 1 else stage.fuse(*axes)
     lanes = vector_lanes(t.dtype)
@@ -90,7 +90,7 @@ def schedule_injective_stage(sch: te.Schedule, t: te.Tensor) -> None:
         stage.parallel(block)
 
 
-def _schedule_rows(stage: te.Stage, t: te.Tensor) -> bool:
+def _injective_rows(stage: te.Stage, t: te.Tensor) -> bool:
     """Rows: the leading axes fused into rows (on the cores), the trailing axes (at least `_ROW_MIN`
     elements, fewest axes) fused into one vectorized loop per row. A value broadcast along the row (a
     per-channel scale or bias of NCHW data: squeeze-excite's gate) is then one scalar per row, where

@@ -309,16 +309,7 @@ def depthwise_schedule(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor]
     stage.unroll(yi)
     stage.unroll(xv)
     stage.vectorize(xl)
-    tile = sch[rows]
-    tile.compute_at(stage, xo)
-    tile.set_scope("local")
-    _, _, ty, tx_ = tile.op.axis
-    (ry,) = tile.op.reduce_axis
-    txv, txl = tile.split(tx_, factor=lanes)
-    tile.reorder(ry, ty, txv, txl)
-    tile.unroll(ty)
-    tile.unroll(txv)
-    tile.vectorize(txl)
+    _row_tile(sch, rows, stage, xo, 2, lanes)  # rows of one channel
     for pad in op_attr(c, "pads"):
         if op_attr(pad, KEEP):
             sch[pad].compute_at(stage, channel)
@@ -372,14 +363,21 @@ def pixels_schedule(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor]) -
     stage.unroll(oi)
     stage.unroll(xv)
     stage.vectorize(xl)
+    _row_tile(sch, rows, stage, xo, 1, lanes)  # one row of several channels
+
+
+def _row_tile(sch: te.Schedule, rows: te.Tensor, stage: te.Stage, at: Any, tiled: int, lanes: int) -> None:
+    """The register tile of the row forms ("pixels", "depthwise"), computed at `at` of `stage`: the
+    reduction outermost, then axis `tiled` of the tile (rows or channels) and the vectors of its row
+    unrolled, the lanes vectorized."""
     tile = sch[rows]
-    tile.compute_at(stage, xo)
+    tile.compute_at(stage, at)
     tile.set_scope("local")
-    _, to, _, tx_ = tile.op.axis
-    (rc,) = tile.op.reduce_axis
-    txv, txl = tile.split(tx_, factor=lanes)
-    tile.reorder(rc, to, txv, txl)
-    tile.unroll(to)
+    axis = tile.op.axis[tiled]
+    (r,) = tile.op.reduce_axis
+    txv, txl = tile.split(tile.op.axis[-1], factor=lanes)
+    tile.reorder(r, axis, txv, txl)
+    tile.unroll(axis)
     tile.unroll(txv)
     tile.vectorize(txl)
 
