@@ -9,6 +9,7 @@ import numpy as np
 
 from kiln import te
 from kiln.ir.types import Dim, TensorType, TupleType, Type
+from kiln.relay.expr import Constant
 from kiln.relay.op._rel import RelationError, normalize_axis
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
@@ -23,6 +24,19 @@ def accumulator(dtype: str) -> str:
     if np.issubdtype(np.dtype(dtype), np.floating):
         return "float32" if np.dtype(dtype).itemsize < 4 else dtype
     return "int64"
+
+
+TILED_DTYPES = ("float32", "float64")  # the dtypes of the register-tiled llvm products and convolutions
+
+
+def packable_weight(args: Sequence[Any], arg_types: Sequence[Type]) -> TensorType | None:
+    """The weight's type when a call's weight (its second argument) is a constant that its op's
+    FAlterOpLayout may pack at build time: both operands tensors of one dtype of `TILED_DTYPES`."""
+    data, weight = arg_types[:2]
+    if not (isinstance(args[1], Constant) and isinstance(data, TensorType) and isinstance(weight, TensorType)):
+        return None
+    dtype = str(weight.dtype)
+    return weight if dtype == str(data.dtype) and dtype in TILED_DTYPES else None
 
 
 def differ(a: Dim, b: Dim) -> bool:

@@ -28,7 +28,7 @@ from kiln.ir.dtype import DataType, DTypeError
 from kiln.ir.types import ANY, AnyDim, Dim, TensorType, Type, dim_add, dim_mul
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Constant, Expr, call
-from kiln.relay.op._nn_util import clamp, differ, dtype_of, static_shape, tensor_shape
+from kiln.relay.op._nn_util import TILED_DTYPES, clamp, differ, dtype_of, packable_weight, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
 from kiln.relay.op._schedule import (
@@ -494,20 +494,19 @@ def _conv2d_alter_llvm(attrs: Conv2DAttrs, args: list[Expr], arg_types: list[Typ
     convolution) are padded with zero weights and sliced off the result: the tiles have no form for a
     tail of channels, and the row-vectorized fallback ran SqueezeNet's classifier at 26 GFLOP/s."""
     data, weight = args
-    dt, wt = arg_types
-    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or attrs.groups != 1:
+    wt = packable_weight(args, arg_types)
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or attrs.groups != 1 or wt is None:
         return None
-    if not isinstance(weight, Constant) or not isinstance(wt, TensorType) or not isinstance(dt, TensorType):
+    if attrs.out_dtype not in (None, wt.dtype):
         return None
     dtype = str(wt.dtype)
-    if dtype != str(dt.dtype) or dtype not in ("float32", "float64") or attrs.out_dtype not in (None, wt.dtype):
-        return None
     o, i, kh, kw = wt.concrete_shape
     block = packed_block(dtype)
     pad = -o % block if ovec_tiles(o, 1, block) is None else 0  # a tail the tiles cannot cover (> 4 blocks)
     if o % block and not pad:
         return None  # a tail that one tile of all blocks covers: the tiles pack that weight themselves
     if pad:  # 1000 classes: zero output channels up to whole blocks, sliced off after the convolution
+        assert isinstance(weight, Constant)  # packable_weight said so
         weight = Constant(np.concatenate([weight.data, np.zeros((pad, i, kh, kw), weight.data.dtype)]))
     packed = transpose(reshape(weight, (o // block + (pad > 0), block, i, kh, kw)), (0, 2, 3, 4, 1))
     out = conv2d(data, packed, attrs.strides, attrs.padding, attrs.dilation, attrs.groups,
@@ -527,7 +526,7 @@ def _conv2d_alter_llvm(attrs: Conv2DAttrs, args: list[Expr], arg_types: list[Typ
     .set_attr(attr.FCompute, _conv2d_compute)
     .set_attr(attr.FAlterOpLayout["llvm"], _conv2d_alter_llvm)
     .add_implementation("tiled", _conv2d_tiled_compute, _conv2d_tiled_schedule, target="llvm",
-                        dtypes=("float32", "float64"), priority=10))
+                        dtypes=TILED_DTYPES, priority=10))
 
 
 @constructor("nn.conv2d")

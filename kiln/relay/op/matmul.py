@@ -23,8 +23,8 @@ from kiln.ir.attrs import Attrs, FieldError, bool_value, int_range, optional
 from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type, dim_mul
 from kiln.registry import OpPattern, attr, register_op
-from kiln.relay.expr import Call, Constant, Expr, call
-from kiln.relay.op._nn_util import Array, differ, dtype_of, static_shape, tensor_shape
+from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op._nn_util import TILED_DTYPES, Array, differ, dtype_of, packable_weight, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, broadcast_dim, broadcast_shapes, same_dtype, tensor_args
 from kiln.relay.op._schedule import (
@@ -405,10 +405,8 @@ def _dense_alter_llvm(attrs: DenseAttrs, args: list[Expr], arg_types: list[Type]
     panels once at build time: the tiled product then reads b contiguous outputs' weights per step of K
     instead of packing (gathering) the weight on every run."""
     data, weight = args
-    dt, wt = arg_types
-    if attrs.weight_layout != "NK" or not isinstance(weight, Constant) or not isinstance(wt, TensorType):
-        return None
-    if not isinstance(dt, TensorType) or str(dt.dtype) != str(wt.dtype) or str(wt.dtype) not in ("float32", "float64"):
+    wt = packable_weight(args, arg_types)
+    if attrs.weight_layout != "NK" or wt is None:
         return None
     n, k = wt.concrete_shape
     block = 4 * vector_lanes(str(wt.dtype))
@@ -429,7 +427,7 @@ def _dense_alter_llvm(attrs: DenseAttrs, args: list[Expr], arg_types: list[Type]
     .set_attr(attr.FCompute, _dense_compute)
     .set_attr(attr.FAlterOpLayout["llvm"], _dense_alter_llvm)
     .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
-                        dtypes=("float32", "float64"), priority=10))
+                        dtypes=TILED_DTYPES, priority=10))
 
 
 @constructor("nn.dense")
@@ -461,7 +459,7 @@ def dense(data: Expr, weight: Expr, units: int | None = None, out_dtype: Any = N
     .set_attr(attr.FReference, _matmul_ref)
     .set_attr(attr.FCompute, _matmul_compute)
     .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
-                        dtypes=("float32", "float64"), priority=10))
+                        dtypes=TILED_DTYPES, priority=10))
 
 
 @constructor("nn.matmul")
@@ -495,7 +493,7 @@ def matmul(
     .set_attr(attr.FReference, _matmul_ref)
     .set_attr(attr.FCompute, _matmul_compute)
     .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
-                        dtypes=("float32", "float64"), priority=10))
+                        dtypes=TILED_DTYPES, priority=10))
 
 
 @constructor("nn.batch_matmul")
