@@ -81,8 +81,10 @@ def well_formed(expr: Expr, is_global: bool = False) -> bool:
 # ---------------------------------------------------------------------------
 
 
-def _same_constant(a: Constant, b: Constant) -> bool:
-    return a.data.dtype == b.data.dtype and a.data.shape == b.data.shape and a.data.tobytes() == b.data.tobytes()
+def _same_constant(a: Constant, b: Constant, tensor_values: bool) -> bool:
+    if a.data.dtype != b.data.dtype or a.data.shape != b.data.shape:
+        return False
+    return (not tensor_values and a.data.size > 1) or a.data.tobytes() == b.data.tobytes()
 
 
 def _attrs_key(values: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
@@ -90,17 +92,20 @@ def _attrs_key(values: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
     return tuple(sorted((k, type(v).__name__, repr(v)) for k, v in values.items()))
 
 
-def structural_equal(a: Any, b: Any, map_free_vars: bool = False) -> bool:
+def structural_equal(a: Any, b: Any, map_free_vars: bool = False, tensor_values: bool = True) -> bool:
     """Whether two expressions, functions or modules have the same structure.
 
     Bound vars are mapped to each other at their definition sites (function
     parameters, let vars); free vars must be the same object unless
-    `map_free_vars`. Types and attrs compare by value; constants bit for bit.
+    `map_free_vars`. Types and attrs compare by value; constants bit for bit,
+    except that without `tensor_values` constants of more than one element
+    compare by dtype and shape only (a kernel takes those as arguments, so
+    two fused groups that differ only in their weights share one kernel).
     """
     if isinstance(a, IRModule) or isinstance(b, IRModule):
         if not (isinstance(a, IRModule) and isinstance(b, IRModule)) or list(a) != list(b):
             return False
-        return all(structural_equal(a[name], b[name], map_free_vars) for name in a)
+        return all(structural_equal(a[name], b[name], map_free_vars, tensor_values) for name in a)
     if not isinstance(a, Expr) or not isinstance(b, Expr):
         return bool(a == b)
     var_map: dict[int, Var] = {}
@@ -138,7 +143,7 @@ def structural_equal(a: Any, b: Any, map_free_vars: bool = False) -> bool:
                 return False
         elif isinstance(x, Constant):
             assert isinstance(y, Constant)
-            if not _same_constant(x, y):
+            if not _same_constant(x, y, tensor_values):
                 return False
         elif isinstance(x, Call):
             assert isinstance(y, Call)
@@ -180,14 +185,14 @@ def structural_equal(a: Any, b: Any, map_free_vars: bool = False) -> bool:
     return True
 
 
-def structural_hash(expr: Any, map_free_vars: bool = False) -> int:
-    """A hash that agrees with `structural_equal`: equal structures hash equal.
+def structural_hash(expr: Any, map_free_vars: bool = False, tensor_values: bool = True) -> int:
+    """A hash that agrees with `structural_equal` (given the same flags): equal structures hash equal.
 
     Bound vars hash by the order in which they are bound; free vars by identity
     (or, with `map_free_vars`, by the order in which they first appear).
     """
     if isinstance(expr, IRModule):
-        return hash(tuple((name, structural_hash(expr[name], map_free_vars)) for name in expr))
+        return hash(tuple((name, structural_hash(expr[name], map_free_vars, tensor_values)) for name in expr))
     if not isinstance(expr, Expr):
         return hash(expr)
     nodes = post_order(expr)
@@ -210,7 +215,8 @@ def structural_hash(expr: Any, map_free_vars: bool = False) -> int:
             hashes[id(node)] = h("gvar", node.name_hint)
         elif isinstance(node, Constant):
             data = node.data
-            digest = hashlib.blake2b(data.tobytes(), digest_size=16).digest()
+            by_value = tensor_values or data.size <= 1
+            digest = hashlib.blake2b(data.tobytes(), digest_size=16).digest() if by_value else b""
             hashes[id(node)] = h("const", str(data.dtype), data.shape, digest)
         elif isinstance(node, Call):
             op = node.op.name if isinstance(node.op, Op) else None

@@ -149,6 +149,23 @@ def test_structural_equal_sees_each_difference(change: object) -> None:
     assert structural_hash(build(True)) != structural_hash(base)
 
 
+def test_without_tensor_values_functions_differing_only_in_weights_are_equal() -> None:
+    def build(weight: np.ndarray, scale: float) -> relay.Function:
+        x = relay.var("x", shape=(2, 3))
+        return relay.Function([x], relay.multiply(relay.add(x, relay.const(weight)), relay.const(np.float32(scale))))
+
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a, b = build(w, 2.0), build(w + 1, 2.0)
+    assert not structural_equal(a, b) and structural_hash(a) != structural_hash(b)
+    assert structural_equal(a, b, tensor_values=False)
+    assert structural_hash(a, tensor_values=False) == structural_hash(b, tensor_values=False)
+    other_scalar = build(w, 3.0)  # a one-element constant is compiled in: its value counts
+    assert not structural_equal(a, other_scalar, tensor_values=False)
+    assert structural_hash(a, tensor_values=False) != structural_hash(other_scalar, tensor_values=False)
+    other_shape = build(np.zeros((1, 3), np.float32), 2.0)
+    assert not structural_equal(a, other_shape, tensor_values=False)
+
+
 def test_free_vars_compare_by_identity_unless_mapped() -> None:
     x, y = relay.var("x", shape=(2,)), relay.var("x", shape=(2,))
     assert not structural_equal(relay.exp(x), relay.exp(y))

@@ -29,6 +29,7 @@ from kiln.ir.types import TensorType, Type
 from kiln.registry import Op, foreign_registration
 from kiln.relay import expr as rx
 from kiln.relay import transform as t
+from kiln.relay.analysis import structural_hash
 from kiln.relay.backend.te_compiler import CompiledKernel, compile_primitive, flat_values, tensor_types
 from kiln.relay.printer import astext
 from kiln.relay.type_infer import infer_type
@@ -155,13 +156,14 @@ class _GraphBuilder:
         names = [made_by] if len(tys) == 1 else [f"{made_by}[{i}]" for i in range(len(tys))]
         return [self._slot(t, "temp", n) for t, n in zip(tys, names, strict=True)]
 
-    def _kernel(self, fn: rx.Function, n: int) -> int:
+    def _kernel(self, fn: rx.Function, n: int) -> tuple[int, list[np.ndarray]]:
+        """The index of `fn`'s compiled module among the graph's kernels, and the constants it takes."""
         kernel = compile_primitive(fn, self.target, name=f"fused_{n}")
-        idx = self.kernel_index.get(id(kernel))
+        idx = self.kernel_index.get(id(kernel.module))
         if idx is None:
-            idx = self.kernel_index[id(kernel)] = len(self.kernels)
+            idx = self.kernel_index[id(kernel.module)] = len(self.kernels)
             self.kernels.append(kernel)
-        return idx
+        return idx, kernel.constants
 
     def _input(self, p: rx.Var) -> list[int]:
         if not isinstance(p.checked_type, TensorType):
@@ -183,9 +185,9 @@ class _GraphBuilder:
                 self.constants[s] = np.empty(slot.shape, numpy_dtype(slot.dtype))
             return outs
         fn = node.op if isinstance(node.op, rx.Function) else _wrap(node)
-        k = self._kernel(fn, len(self.launches))
+        k, constants = self._kernel(fn, len(self.launches))
         const_slots = []
-        for c in self.kernels[k].constants:
+        for c in constants:
             s = self._slot(TensorType(c.shape, str(c.dtype)), "const")
             self.constants[s] = c
             const_slots.append(s)
@@ -226,8 +228,11 @@ def _compile_ahead(func: rx.Function, target: Target, progress: Callable[[int, i
     prims: list[rx.Function] = []
     seen: set[int] = set()
     for node in post_order(func.body, leaf=lambda n: isinstance(n, rx.Function)):
-        if isinstance(node, rx.Call) and isinstance(node.op, rx.Function) and id(node.op) not in seen:
-            seen.add(id(node.op))
+        if isinstance(node, rx.Call) and isinstance(node.op, rx.Function):
+            key = structural_hash(node.op, tensor_values=False)  # groups that differ in weights share a kernel
+            if key in seen:
+                continue
+            seen.add(key)
             if any(math.prod(t.concrete_shape) for t in tensor_types(node.checked_type, "relay.build")
                    if t.is_static):
                 prims.append(node.op)

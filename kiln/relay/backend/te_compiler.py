@@ -168,7 +168,7 @@ class _Lowerer:
     def _constant(self, node: rx.Constant) -> list[te.Tensor]:
         if node.data.size == 1:
             return [self._immediate(node)]
-        self.constants.append(np.array(node.data, copy=True))  # writeable, 0-d stays 0-d
+        self.constants.append(np.array(node.data, copy=True))  # as _tensor_constants makes them
         return [self._placeholder(node.type, f"const{len(self.constants)}", "a constant")]
 
     def run(self) -> tuple[te.Schedule, list[te.Tensor], list[te.Tensor]]:
@@ -258,21 +258,38 @@ _CACHE_LOCK = threading.Lock()
 _CACHE_LIMIT = 128  # distinct (hash, target) keys kept; each kernel holds a JIT engine (about 50 KB)
 
 
+def _tensor_constants(func: rx.Function) -> list[np.ndarray]:
+    """The constants of `func` that its kernel takes as arguments, in the order lowering makes them."""
+    found: list[np.ndarray] = []
+
+    def constant(node: rx.Constant) -> list[None]:
+        if node.data.size != 1:
+            found.append(np.array(node.data, copy=True))  # writeable, 0-d stays 0-d
+        return []
+
+    flat_values(func, lambda p: [], constant, lambda node, ins: [], LoweringError, "a primitive function")
+    return found
+
+
 def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: str = "fused") -> CompiledKernel:
     """Lowers and compiles the type-checked primitive function `func` for `target`.
 
-    Structurally equal functions compile once per target (and per forced labels).
+    Structurally equal functions compile once per target (and per forced labels); functions that
+    differ only in the values of their tensor constants (ResNet's blocks: the same convolution
+    with other weights) share one compiled module, each kernel with its own constants.
     """
     from kiln.relay.analysis import structural_equal
 
     tgt = target if isinstance(target, Target) else Target(target)
     lowerer = _Lowerer(func, tgt)
-    key = (structural_hash(func), f"{tgt} {sorted(lowerer.labels.items())}", lowerer.choices())
+    key = (structural_hash(func, tensor_values=False), f"{tgt} {sorted(lowerer.labels.items())}", lowerer.choices())
     with _CACHE_LOCK:
         for other, kernel in _CACHE.get(key, []):
-            if structural_equal(other, func):
+            if structural_equal(other, func, tensor_values=False):
                 _CACHE.move_to_end(key)
-                return kernel
+                if other is func:
+                    return kernel
+                return CompiledKernel(name, kernel.module, len(func.params), _tensor_constants(func), kernel.out_types)
     sch, inputs, outs = lowerer.run()
     module = tgt.backend()(optimize_tir(te.lower(sch, [*inputs, *outs], name=name)), tgt)
     out_types = [TensorType([int(getattr(d, "value", 0)) for d in t.shape], t.dtype) for t in outs]

@@ -343,3 +343,21 @@ def test_kernels_compile_ahead_on_threads_and_a_failure_is_reported_by_the_walk(
     with PassContext(config={"relay.backend.use_label": {"nn.relu": "failing"}}), \
             pytest.raises(ValueError, match="this compute is broken"):
         build(func)
+
+
+def test_groups_differing_only_in_weights_share_one_compiled_kernel() -> None:
+    x = relay.var("x", shape=(1, 8, 9, 9))
+    weights = [RNG.standard_normal((8, 8, 3, 3)).astype("float32") * 0.2 for _ in range(3)]
+    h = x
+    for w in weights:
+        h = relay.nn.relu(relay.nn.conv2d(h, relay.const(w), padding=(1, 1)))
+    lib = build(relay.Function([x], h))
+    assert len(lib.kernels) == 1 and len(lib.graph.launches) == 3
+
+    data = RNG.standard_normal((1, 8, 9, 9)).astype("float32")
+    want = data
+    for w in weights:
+        padded = np.pad(want, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+        want = np.maximum(np.einsum("ncyxij,ocij->noyx", windows, w), 0)
+    np.testing.assert_allclose(lib.create_executor()(x=data), want, rtol=1e-4, atol=1e-4)
