@@ -6,6 +6,12 @@ bounds and could crash the process; this check refuses such loop IR at build
 time instead. It is conservative: it only reports accesses whose index range,
 given the enclosing loops, certainly leaves the buffer, and it does not look
 inside `if` bodies (their guards may be what keeps an access in bounds).
+
+The ranges are the simplifier's bounds (`Analyzer.interval`), symbolic where a
+loop's extent is: in a tail that loop partitioning or a non-dividing split
+leaves, `for i in range(min(197 - o*64, 64))`, the index `o*64 + i` is bounded
+by each side of the min in turn (at most 196), not by the intervals of `o` and
+`i` taken apart (3*64 + 63).
 """
 
 from __future__ import annotations

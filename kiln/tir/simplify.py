@@ -68,6 +68,7 @@ _DTYPE_RANGE = {"bool": (0, 1), "uint8": (0, 255), "int8": (-128, 127), "int16":
 _AFFINE = (Add, Sub, Mul, Div, FloorDiv, FloorMod, Min, Max)
 _NEGATE = {LT: GE, LE: GT, GT: LE, GE: LT, EQ: NE, NE: EQ}
 _MAX_SUBSTITUTIONS = 32
+_MAX_CASE_SPLITS = 2  # min/max atoms a bound looks through, one case pair each (3x the work per level)
 _MAX_PRODUCT_TERMS = 16
 
 Interval = tuple[int | None, int | None]
@@ -195,8 +196,13 @@ class Analyzer:
                           None if hi is None else const(hi, var.dtype))
 
     def bound_range(self, var: Var, start: PrimExpr, extent: PrimExpr) -> AbstractContextManager[None]:
-        """Within the block, `start <= var < start + extent` (a loop's range)."""
-        return self.bound(var, start, binary(Sub, binary(Add, start, extent), 1))
+        """Within the block, `start <= var < start + extent` (a loop's range: the block is its body).
+
+        The body runs only when the extent is at least 1, so there an extent `max(x, c)` with a
+        constant `c <= 0` (a partitioned main part, `max(646 - o*16, 0)`) is `x`: dropping the
+        clamp keeps the bound exact where it matters instead of widening it by the empty case.
+        """
+        return self.bound(var, start, binary(Sub, binary(Add, start, _positive_part(extent)), 1))
 
     def interval(self, e: PrimExpr) -> Interval:
         """Constant lower and upper bounds of integer `e` (None where unknown)."""
@@ -205,8 +211,13 @@ class Analyzer:
         lin = self.linear(e)
         return self.lower(lin), self.upper(lin)
 
-    def lower(self, lin: Linear) -> int | None:
-        """A constant lower bound of `lin`, or None."""
+    def lower(self, lin: Linear, splits: int = _MAX_CASE_SPLITS) -> int | None:
+        """A constant lower bound of `lin`, or None.
+
+        Variables with symbolic bounds are replaced by them (innermost first), then what is left is
+        bounded by intervals; a min/max atom left then (a loop extent `min(197 - o*64, 64)` brought
+        in by its variable's bound) is also bounded by cases, up to `splits` atoms deep.
+        """
         for _ in range(_MAX_SUBSTITUTIONS):
             lin = self._merge_mod(lin)
             # Innermost first: its bound may use outer variables, which are substituted next.
@@ -221,7 +232,34 @@ class Analyzer:
                 break
             _, var, coef, b = best
             lin = lin.add(Linear.atom(var), -coef).add(b, coef)
-        return self._interval(lin)[0]
+        lo = self._interval(lin)[0]
+        if splits > 0:
+            by_cases = self._lower_by_cases(lin, splits - 1)
+            if by_cases is not None and (lo is None or by_cases > lo):
+                lo = by_cases
+        return lo
+
+    def _lower_by_cases(self, lin: Linear, splits: int) -> int | None:
+        """A lower bound of `rest + c*M` for a min/max atom M = op(a, b), from the bounds of `rest + c*a`
+        and `rest + c*b`; None when `lin` has no such atom.
+
+        At every point M is a or b, so the form is the min or the max of the two cases: the max when
+        c*M is a max (op max with c > 0, op min with c < 0), where either case's bound holds, else the
+        min. Unlike the interval of M alone, each case keeps what M shares with the rest: for an index
+        `o*64 + i` with `i <= min(197 - o*64, 64) - 1`, the case `197 - o*64` cancels `o`, so the index
+        is at most 196, where intervals give 3*64 + 63.
+        """
+        found = next(((k, a, c) for k, (a, c) in lin.terms.items()
+                      if isinstance(a, (Min, Max)) and a.dtype == lin.dtype), None)
+        if found is None:
+            return None
+        key, atom, coef = found
+        rest = Linear(lin.dtype, {k: v for k, v in lin.terms.items() if k != key}, lin.const)
+        x = self.lower(rest.add(self.linear(atom.a), coef), splits)
+        y = self.lower(rest.add(self.linear(atom.b), coef), splits)
+        if isinstance(atom, Max) == (coef > 0):  # the form is max(case a, case b)
+            return _opt(max, x, y, strict=False)
+        return _opt(min, x, y, strict=True)
 
     def upper(self, lin: Linear) -> int | None:
         """A constant upper bound of `lin`, or None."""
@@ -548,12 +586,35 @@ class Analyzer:
             return const(True)
         elif hi is not None and hi < 0:
             return const(False)
+        if isinstance(e, (LT, LE, GT, GE)):
+            undivided = self._undivided(e, la.sub(lb))
+            if undivided is not None:
+                return self._compare(undivided)
         # Undecided: cancel the terms both sides share, keep the sides readable.
         la, lb = Linear(la.dtype, la.terms, la.const), Linear(lb.dtype, lb.terms, lb.const)
         for key, (_atom, c) in list(la.terms.items()):
             if lb.coef(key) == c:
                 del la.terms[key], lb.terms[key]
         return type(e)("bool", self.expr_of(la), self.expr_of(lb))
+
+    def _undivided(self, e: BinaryOp, d: Linear) -> BinaryOp | None:
+        """Ordering `e`, `d op 0` with `d = s*(x // c) + r` (s = ±1, c > 0, r constant), as `x < c*k`
+        or `x >= c*k` (floor division: `x // c < k` is `x < c*k`); None for another `d`.
+
+        te writes the tail guard of a split of fused axes as `(o*16 + i) // 14 < 14`; as
+        `o*16 + i < 196` it is affine in `o`, so loop partitioning can take it out of the main part.
+        """
+        if len(d.terms) != 1:
+            return None
+        ((atom, s),) = d.terms.values()
+        if not (isinstance(atom, FloorDiv) and isinstance(atom.b, IntImm) and atom.b.value > 0 and s in (1, -1)):
+            return None
+        # with q = x // c: `d op 0` is `q < k` (below) or `q >= k`, k = -s*r, +1 where `op` is not strict
+        # in that direction (q <= t is q < t + 1, q > t is q >= t + 1)
+        below = isinstance(e, (LT, LE)) == (s == 1)
+        k = -s * d.const + (1 if isinstance(e, (LE, GT)) == (s == 1) else 0)
+        bound = const(atom.b.value * k, atom.dtype)
+        return LT("bool", atom.a, bound) if below else GE("bool", atom.a, bound)
 
     def _logical(self, e: And | Or) -> PrimExpr:
         a, b = self.simplify(e.a), self.simplify(e.b)
@@ -571,6 +632,19 @@ def _mul_atom(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     if str(structural_key(b)) < str(structural_key(a)):
         a, b = b, a
     return Mul(a.dtype, a, b)
+
+
+def _positive_part(extent: PrimExpr) -> PrimExpr:
+    """`extent` where it is at least 1: `max(x, c)` for a constant `c <= 0` is `x` there (inside a `min`, too)."""
+    if isinstance(extent, Max):
+        for x, c in ((extent.a, extent.b), (extent.b, extent.a)):
+            if isinstance(c, IntImm) and c.value <= 0:
+                return _positive_part(x)
+    if isinstance(extent, Min):
+        a, b = _positive_part(extent.a), _positive_part(extent.b)
+        if a is not extent.a or b is not extent.b:
+            return Min(extent.dtype, a, b)
+    return extent
 
 
 def _is_const(e: PrimExpr, v: int) -> bool:

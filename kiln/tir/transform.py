@@ -289,7 +289,8 @@ def _conjuncts(cond: PrimExpr) -> list[PrimExpr]:
 
 
 def _guards(body: Stmt) -> list[tuple[PrimExpr, list[For]]]:
-    """The conjuncts of the ifs without else reachable through loops, lets, allocations and sequences.
+    """The conjuncts of the ifs without else reachable through loops, lets, allocations, sequences and
+    the bodies of such ifs (a tile's column guard sits inside its row guard when both have a tail).
 
     Each comes with the loops between `body`'s owner and the if, outermost first.
     """
@@ -305,6 +306,7 @@ def _guards(body: Stmt) -> list[tuple[PrimExpr, list[For]]]:
             stack.extend((c, loops) for c in reversed(s.stmts))
         elif isinstance(s, IfThenElse) and s.else_case is None:
             out.extend((c, loops) for c in _conjuncts(s.cond))
+            stack.append((s.then_case, loops))
     return out
 
 
@@ -323,16 +325,17 @@ def _drop_guards(body: Stmt, key: object) -> Stmt:
         stmts = [_drop_guards(c, key) for c in body.stmts]
         return body if all(x is y for x, y in zip(stmts, body.stmts, strict=True)) else SeqStmt(tuple(stmts))
     if isinstance(body, IfThenElse) and body.else_case is None:
+        then = _drop_guards(body.then_case, key)
         conds = _conjuncts(body.cond)
         kept = [c for c in conds if _cond_key(c) != key]
         if len(kept) == len(conds):
-            return body
+            return body if then is body.then_case else IfThenElse(body.cond, then)
         if not kept:
-            return body.then_case
+            return then
         cond = kept[0]
         for c in kept[1:]:
             cond = binary(And, cond, c)
-        return IfThenElse(cond, body.then_case)
+        return IfThenElse(cond, then)
     return body
 
 

@@ -11,6 +11,7 @@ share, are each op's "tiled" implementation, so the chains come after them.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -41,6 +42,7 @@ from kiln.relay.op._schedule import (
 from kiln.relay.op.conv import dtype_or_none, optional_dtype
 from kiln.relay.op.shape import reshape, transpose
 from kiln.tir.expr import PrimExpr
+from kiln.tir.transform import PARTITION_SELECTS
 
 # --- nn.dense, nn.matmul, nn.batch_matmul: attrs, relations, references, direct computes ----------
 
@@ -233,13 +235,20 @@ def _batch_matmul_rel(arg_types: list[Type], attrs: BatchMatmulAttrs) -> Type | 
 # epilogue (bias, activation) into the tile, so C never goes through memory:
 #
 # - "inner" (b given as (N, K): nn.dense, batch_matmul's default, matmul with
-#   transpose_b): both operands are contiguous along K, so a (bm, bn, L) stage of
-#   partial sums runs along K L lanes at a time (8 vector loads feed 16 FMAs for a
-#   4x4 tile), and a short horizontal sum per element closes it. No packing.
-# - "outer" (b given as (K, N)): a (bm, bn) tile vectorized along N; each step of K
-#   broadcasts bm values of a against bn / L vectors of b.
+#   transpose_b, when K > 4 M): both operands are contiguous along K, so a (bm, bn, L)
+#   stage of partial sums runs along K L lanes at a time (8 vector loads feed 16 FMAs
+#   for a 4x4 tile), and a short horizontal sum per element closes it. No packing.
+# - "outer" (b given as (K, N), or as (N, K) with K <= 4 M): a (bm, bn) tile vectorized
+#   along N; each step of K broadcasts bm values of a against bn / L vectors of b. b
+#   given as (N, K) is read from a transposed copy (`padded_b`): the copy costs N K,
+#   the inner form's horizontal sums M N L, which at attention's K = 64 made it 6x
+#   slower than this form (12 x 197 x 197 x 64: 13 vs 83 GFLOP/s on one core).
 # - "packed" (large products, either layout): the outer form over copies of a in
 #   (M/bm, K, bm) strips and b in (N/bn, K, bn) panels, as GotoBLAS.
+#
+# Tile sizes need not divide M and N (`_tile`): a size without good divisors (197
+# tokens) gets full tiles and a tail, which te guards and loop partitioning peels
+# off, so the main tiles run unguarded.
 
 _MAX_TILE = 4
 _PACK_MIN = 1 << 26  # multiply-adds from which packing pays for its copies (1024^3: 0.3x -> 0.9x BLAS)
@@ -321,16 +330,62 @@ class _Product:
 
         When the row tile does not divide M, the last tile's rows past M read a's last row (their
         results are never stored): the tile's loads stay in bounds and its loop stays unguarded.
+        b given as (N, K) is read from its transposed copy (`padded_b`). When the column tile does
+        not divide N (a column tail), b is read from a copy as (K, N') with N' a multiple of the
+        tile, zero past N (`padded_b` again), and the sums are computed over N rounded up to whole
+        vectors (`wide`, per tile, as the inner form's partial sums): the last tile's guard, which
+        loop partitioning takes out of the main tiles, then leaves it whole vectors (16 lanes for
+        197 = 3 * 64 + 5) where N itself would leave it scalar code. The output is the copy of
+        `wide` that the tiles store.
         """
         k = te.reduce_axis((0, self.k), name="k")
-        last = self.shape[-2] - 1
+        *_, m, n = self.shape
+        tail = n % tiles[1] != 0
+        padded = self.padded_b(name, tiles[1]) if (tail or self.tb) and not self.block else None
 
         def product(*i: PrimExpr) -> PrimExpr:
-            if self.shape[-2] % tiles[0]:
-                i = (*i[:-2], te.min(i[-2], last), i[-1])
-            return te.sum(self.term(i, k), axis=k)
+            if m % tiles[0]:
+                i = (*i[:-2], te.min(i[-2], m - 1), i[-1])
+            if padded is None:
+                return te.sum(self.term(i, k), axis=k)
+            batch, row, j = i[: self.nb], i[self.nb], i[self.nb + 1]
+            bi = (*_batch_index(batch, tensor_shape(padded)[:-2]), k, j)
+            return te.sum(self.a_at(batch, row, k) * padded[bi], axis=k)
 
-        return te.compute(self.shape, product, name=name, attrs={"tiles": tiles})
+        if padded is None:
+            return te.compute(self.shape, product, name=name, attrs={"tiles": tiles})
+        if not tail:
+            return te.compute(self.shape, product, name=name, attrs={"tiles": tiles, "pads": (padded,)})
+        lanes = vector_lanes(self.dtype)
+        wide = te.compute((*self.shape[:-1], -(-n // lanes) * lanes), product, name=f"{name}_wide")
+
+        def copy(*i: PrimExpr) -> PrimExpr:
+            return wide[i]
+
+        return te.compute(self.shape, copy, name=name, attrs={"tiles": tiles, "pads": (padded,), "wide": wide})
+
+    def padded_b(self, name: str, bn: int) -> te.Tensor:
+        """b as (b's batch..., K, N') in the output dtype, N' = N rounded up to a multiple of `bn`,
+        zero past N.
+
+        A column tile then loads from rows whose stride is a multiple of the tile: b's own stride N
+        (197 tokens) left LLVM unable to prove the tile's int32 addresses free of overflow, so it
+        versioned every vector loop behind a run-time check with a scalar copy, and the tile's
+        accumulators went through memory (3x slower than at 192 tokens). With b given as (N, K)
+        the copy is also the transpose that makes the tile's loads contiguous (N' = N when the
+        tile divides it). It costs one pass over b, against M / bm reads of it by the tiles.
+        """
+        n = self.shape[-1]
+        width = -(-n // bn) * bn
+        b_batch = tensor_shape(self.b)[:-2]
+
+        def pad(*i: PrimExpr) -> PrimExpr:
+            *batch, k, j = i
+            index = (*batch, *((te.min(j, n - 1), k) if self.tb else (k, te.min(j, n - 1))))
+            value = te.cast(self.b[index], self.dtype)
+            return te.if_then_else(j < n, value, te.const(0, self.dtype))  # the load clamped: both sides run
+
+        return te.compute((*b_batch, self.k, width), pad, name=f"{name}_padded_b", attrs={KEEP: True})
 
 
 def _product_compute(attrs: DenseAttrs | MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tensor],
@@ -348,10 +403,28 @@ def _product_compute(attrs: DenseAttrs | MatmulAttrs | BatchMatmulAttrs, inputs:
         return [prod.outer(name, (min(m, _MAX_TILE), prod.block))]
     if prod.nb == 0 and m * n * prod.k >= _PACK_MIN and m % _MAX_TILE == 0 and n % (4 * lanes) == 0:
         return [prod.packed(name, _MAX_TILE, 4 * lanes)]
-    bm = divisor_at_most(m, _MAX_TILE)
-    if prod.b_nk:  # bm x bn accumulators of `lanes` partial sums, with bm + bn vector loads per step
-        return [prod.inner(name, (bm, divisor_at_most(n, {4: 4, 3: 5}.get(bm, 8))))]
-    return [prod.outer(name, (bm, divisor_at_most(n, 4 * lanes)))]
+    bm = _tile(m, _MAX_TILE)
+    if prod.b_nk and 4 * m < prod.k:  # few rows for K: a transposed copy of b would cost more than the sums
+        return [prod.inner(name, (bm, _tile(n, {4: 4, 3: 5}.get(bm, 8))))]
+    return [prod.outer(name, (bm, _tile(n, 4 * lanes, lanes)))]
+
+
+def _tile(extent: int, want: int, align: int = 1) -> int:
+    """The tile size along an axis of `extent` for a register tile `want` wide, a multiple of `align`
+    (the vector width along a vectorized axis) where the extent allows.
+
+    A divisor of the extent when one of at least half the tile exists (no tail); otherwise as
+    many whole vectors as fit, up to the tile, which leave a tail: a size without good divisors
+    (ViT's 197 tokens, a prime) would else get tiles of 1, a dot product per output, and a tile
+    of 50 columns a remainder loop in every row of it. Loop partitioning takes the tail's guard
+    out of the main tiles.
+    """
+    d = divisor_at_most(extent, want)
+    if d % align == 0 and 2 * d >= min(extent, want):
+        return d
+    if extent < align:
+        return extent  # narrower than a vector: one tile
+    return min(want, extent // align * align)
 
 
 def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
@@ -368,12 +441,21 @@ def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: 
         return
     bm, bn = tiles
     partial = op_attr(c, "partial")
+    wide = op_attr(c, "wide")  # the outer form's sums over whole vectors (a column tail): computed per tile
+    per_tile = partial if partial is not None else wide
     lanes = vector_lanes(c.dtype)
     for pack in op_attr(c, "packs") or ():
         px, _, pz = sch[pack].op.axis
         sch[pack].parallel(px)
         sch[pack].vectorize(pz)
-    tiled, comp = split_epilogue(sch, c, outs, cache=partial is None)
+    for pad in op_attr(c, "pads") or ():
+        *rows, col = sch[pad].op.axis
+        row = sch[pad].fuse(*rows) if len(rows) > 1 else rows[0]
+        if worth_parallel(static_size(pad)):
+            sch[pad].parallel(row)
+        sch[pad].pragma(col, PARTITION_SELECTS)  # a vectorized copy up to N, then zeros: no select per lane
+        sch[pad].vectorize(col)
+    tiled, comp = split_epilogue(sch, c, outs, cache=per_tile is None)
     stage = sch[tiled]
     *batch, sm, sn = stage.op.axis
     mo, mi = stage.split(sm, factor=bm)
@@ -382,13 +464,26 @@ def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: 
     size = static_size(c)
     k = reduce_extent(c) * (reduce_extent(partial) if partial is not None else 1)  # inner form: lanes x chunks
     if worth_parallel(size * k if size is not None else None):
-        stage.parallel(stage.fuse(*batch, no) if batch else no)
+        # A column tail (bn not dividing N) is guarded by `no * bn + ni < N`: partitioning takes it out
+        # of the main tiles by splitting the loop over `no`, which it cannot do once `no` is fused
+        # with the batch (the guard then reads `fused % tiles`): the batch alone goes on the cores,
+        # or `no` alone for a batch of 1 (its main part stays parallel, the tail runs after it).
+        shape = tensor_shape(c)
+        if shape[-1] % bn and math.prod(shape[:-2]) > 1:
+            stage.parallel(stage.fuse(*batch) if len(batch) > 1 else batch[0])
+        elif shape[-1] % bn:
+            stage.parallel(no)
+        else:
+            stage.parallel(stage.fuse(*batch, no) if batch else no)
     if bn >= lanes:
         stage.vectorize(ni)
     if comp.op is not tiled.op:
-        sch[comp].compute_at(stage, mo)
-    inner = sch[partial if partial is not None else comp]
-    if partial is not None:
+        if wide is not None:
+            sch[comp].compute_inline()  # the copy out of `wide`: the epilogue reads `wide` itself
+        else:
+            sch[comp].compute_at(stage, mo)
+    inner = sch[per_tile if per_tile is not None else comp]
+    if per_tile is not None:
         inner.compute_at(stage, mo)
     axes = list(inner.op.axis[-3:] if partial is not None else inner.op.axis[-2:])
     inner.reorder(inner.op.reduce_axis[0], *axes)
