@@ -72,6 +72,44 @@ def test_float32_math_accuracy_over_the_whole_range(fn, target, inputs):
     assert np.all(np.abs(y[tiny].astype(np.float64) - r[tiny]) <= 4e-39)
 
 
+def _floats_between(lo: float, hi: float) -> np.ndarray:
+    """Every float32 in [lo, hi] (lo < hi, both of one sign or lo < 0 < hi)."""
+    def bits(v: float) -> int:
+        return int(np.array(v, np.float32).view(np.int32))
+
+    def span(a: float, b: float) -> np.ndarray:  # a <= b, both >= 0
+        return np.arange(bits(a), bits(b) + 1, dtype=np.int32).view(np.float32)
+
+    if lo >= 0:
+        return span(lo, hi)
+    if hi <= 0:
+        return -span(-hi, -lo)
+    return np.concatenate([-span(0.0, -lo), span(0.0, hi)])
+
+
+# every float32 where exp's arithmetic changes regime: the top of the range (inf from 88.7228 on), where
+# results become denormal (-87.34) and then 0 (-103.97), and where n = round(x / ln2) steps (x = ln2/2,
+# 3 ln2/2, 40.5 ln2: the reduced argument at either end of [-ln2/2, ln2/2], the polynomial at its worst)
+_EXP_WINDOWS = [(88.0, 88.8), (-87.6, -87.0), (-104.5, -102.5), (0.340, 0.354), (-0.354, -0.340),
+                (1.03, 1.05), (-1.05, -1.03), (28.05, 28.09), (-28.09, -28.05)]
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f"])
+def test_exp_within_one_ulp_where_its_arithmetic_changes_regime(target: str) -> None:
+    x = np.concatenate([_floats_between(lo, hi) for lo, hi in _EXP_WINDOWS])
+    y = _run("exp", x, target=target)
+    with np.errstate(over="ignore"):
+        r = np.exp(x.astype(np.float64))
+        r32 = r.astype(np.float32)
+    np.testing.assert_array_equal(np.isposinf(y), np.isposinf(r32))  # inf exactly where numpy's rounds to inf
+    normal = np.isfinite(r32) & (r >= np.finfo(np.float32).tiny)
+    ulp = np.abs(y[normal].astype(np.float64) - r[normal]) / np.spacing(r32[normal]).astype(np.float64)
+    assert ulp.max() <= 1.0, f"{ulp.max():.2f} ulp at x={x[normal][ulp.argmax()]}"
+    tiny = np.isfinite(r32) & ~normal  # denormal results: within a denormal step, and 0 where numpy's round to 0
+    assert np.all(np.abs(y[tiny].astype(np.float64) - r[tiny]) <= 1.5 * 2.0**-149)
+    assert np.all(y[r32 == 0] == 0)
+
+
 def test_special_values(inputs):
     x = np.array([0.0, -0.0, -1.0, np.inf, -np.inf, np.nan, 1e-45], np.float32)
     with np.errstate(all="ignore"):
@@ -85,6 +123,12 @@ def test_special_values(inputs):
     np.testing.assert_array_equal(_run("sigmoid", np.array([200, -200, np.inf, -np.inf, np.nan], np.float32)),
                                   [1, 0, 1, 0, np.nan])
     np.testing.assert_array_equal(_run("exp", np.array([0.0, -0.0], np.float32)), [1.0, 1.0])
+    # the last finite result and the first inf, the last denormal (2**-149) and the first 0, NaN of either sign
+    edge = np.array([88.72283, 88.72284, -103.97208, -103.972084, -1e30, np.float32(-np.nan)], np.float32)
+    with np.errstate(over="ignore"):
+        want = np.exp(edge.astype(np.float64)).astype(np.float32)
+    assert np.isfinite(want[0]) and np.isinf(want[1]) and want[2] == 2.0**-149 and want[3] == 0
+    np.testing.assert_array_equal(_run("exp", edge), want)
 
 
 @pytest.mark.parametrize("fn", ["sqrt", "rsqrt", "floor", "ceil", "round", "abs", "sin", "cos"])

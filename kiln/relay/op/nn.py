@@ -39,7 +39,19 @@ from kiln.relay.op._nn_util import (
 )
 from kiln.relay.op._reg import constructor, register_unary
 from kiln.relay.op._rel import RelationError, float_dtype, same_dtype, tensor_args
-from kiln.relay.op._rows import ACROSS, ALONG, BLOCKS, ROWS, add, flat, row_reduce, schedule_rows, unflat
+from kiln.relay.op._rows import (
+    ACROSS,
+    AHEAD,
+    ALONG,
+    BLOCKS,
+    ROWS,
+    add,
+    flat,
+    row_reduce,
+    schedule_rows,
+    streams,
+    unflat,
+)
 from kiln.relay.op._schedule import KEEP, vector_lanes
 from kiln.relay.op.conv import Conv2DAttrs as Conv2DAttrs
 from kiln.relay.op.conv import Conv2DTransposeAttrs as Conv2DTransposeAttrs
@@ -333,6 +345,14 @@ def _softmax_rows_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor],
     results per lane (`_rows.row_reduce`); the row is read from memory once, then from the cache. The
     statistics of a row are numbered by the row's place in the rows flattened, so that a block of
     consecutive rows is one range. Another axis, or an empty tensor, gets the generic compute.
+
+    A tensor that comes from L3 or memory (`_rows.streams`) has the next row prefetched by the pass
+    that computes exp: the row buffer's (`AHEAD`), or the sum's where there is no buffer (log_softmax,
+    and rows too long for the stack). On this host's two cores softmax of 4096x4096 then took 4.6 ms
+    rather than 5.7 (a plain copy of as many bytes: 3.2 ms). Most of the rest waits on the output's
+    stores, each of which first reads its line from memory: written over the input (its lines cached)
+    it took 3.1 ms. Computing exp twice instead, in the sum and in the output, so that those stores
+    overlap arithmetic, measured no faster: twice the arithmetic for the same waits.
     """
     generic = _softmax_compute(log)
 
@@ -345,6 +365,7 @@ def _softmax_rows_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor],
         rows = (math.prod(dims),)
         acc, dtype = accumulator(x.dtype), x.dtype  # float16 sums in float32
         lanes = vector_lanes(acc)
+        stream = streams(shape, dtype)
 
         def at(j: tuple[PrimExpr, ...], k: PrimExpr) -> PrimExpr:
             index = (*unflat(j[0], dims), k)
@@ -355,15 +376,16 @@ def _softmax_rows_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor],
 
         peak = row_reduce(_larger, -math.inf, rows, n, lanes, at, "softmax_max")
         if log:  # its output needs no exp: the sum takes them as they come
-            total = row_reduce(add, 0.0, rows, n, lanes, lambda j, k: te.exp(shifted(j, k)), "softmax_sum")
+            total = row_reduce(add, 0.0, rows, n, lanes, lambda j, k: te.exp(shifted(j, k)), "softmax_sum", stream)
             scale = te.compute(rows, lambda r: te.log(total[r]), name="softmax_log_sum",
                                attrs={KEEP: True, ACROSS: True})
             return [te.compute(shape, lambda *i: te.cast(
                 te.cast(x[i], acc) - peak[flat(i[:-1], dims)] - scale[flat(i[:-1], dims)], dtype),
                 name="log_softmax", attrs={ROWS: lanes, BLOCKS: True})]
-        if n * DataType.of(acc).bytes <= STACK_LIMIT:  # exp once per element, kept in a row buffer in L1
+        buffered = n * DataType.of(acc).bytes <= STACK_LIMIT
+        if buffered:  # exp once per element, kept in a row buffer in L1
             e = te.compute((*rows, n), lambda r, k: te.exp(shifted((r,), k)), name="softmax_exp",
-                           attrs={KEEP: True, ALONG: True})
+                           attrs={KEEP: True, ALONG: True, AHEAD: stream})
 
             def exp(j: tuple[PrimExpr, ...], k: PrimExpr) -> PrimExpr:
                 return e[j[0], k]
@@ -371,7 +393,7 @@ def _softmax_rows_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor],
             def exp(j: tuple[PrimExpr, ...], k: PrimExpr) -> PrimExpr:
                 return te.exp(shifted(j, k))
 
-        total = row_reduce(add, 0.0, rows, n, lanes, exp, "softmax_sum")
+        total = row_reduce(add, 0.0, rows, n, lanes, exp, "softmax_sum", stream and not buffered)
         # one division per row; the product is within an ulp of numpy's quotient
         scale = te.compute(rows, lambda r: te.const(1, acc) / total[r], name="softmax_inverse", attrs={KEEP: True})
         return [te.compute(shape, lambda *i: te.cast(exp((flat(i[:-1], dims),), i[-1]) * scale[flat(i[:-1], dims)],

@@ -705,6 +705,67 @@ def test_float16_softmax_rows_accumulate_in_float32(op, n) -> None:
     np.testing.assert_allclose(got.astype(np.float64), _softmax64(x, op == "nn.log_softmax"), rtol=2e-3, atol=1e-6)
 
 
+# 8 MiB and more of input and output come from L3 or memory (`_rows.streams`): the pass that computes exp
+# (softmax's into its row buffer, log_softmax's sum, and softmax's sum of rows too long for a row buffer)
+# prefetches the next row
+_STREAMING = [(1025, 1025), (3, 350, 1001), (105, 20001)]
+
+
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+@pytest.mark.parametrize("shape", _STREAMING)
+def test_softmax_rows_of_a_tensor_that_streams_from_memory(op: str, shape: tuple[int, ...]) -> None:
+    from kiln.relay.op._rows import streams
+
+    assert streams(shape, "float32")
+    check_build(op, rand(*shape) * 4, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+def test_streaming_softmax_rows_of_large_small_and_infinite_values(op: str) -> None:
+    from op_helpers import build_op
+
+    x = rand(1025, 1025) * 30
+    x[0] = 80.0  # all equal and large: 1/n each
+    x[1, 1::3] = -np.inf  # zero probability
+    x[2] = -np.inf  # all -inf: nan, as in numpy
+    x[-1, -1] = 80.0  # the last row (whose prefetches point past the tensor) with a large last value
+    (got,) = build_op(op, x)
+    log = op == "nn.log_softmax"
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(got, _softmax64(x, log).astype(np.float32), rtol=1e-5, atol=1e-6)
+    assert np.isnan(got[2]).all() and not np.isnan(np.delete(got, 2, axis=0)).any()
+    assert (got[1, 1::3] == (-np.inf if log else 0.0)).all()
+    np.testing.assert_allclose(got[0], np.log(1 / 1025) if log else 1 / 1025, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+def test_streaming_float16_softmax_rows_accumulate_in_float32(op: str) -> None:
+    from op_helpers import build_op
+
+    from kiln.relay.op._rows import streams
+
+    x = np.random.default_rng(3).uniform(-8, 8, (513, 4097)).astype(np.float16)
+    assert streams(x.shape, "float16")
+    (got,) = build_op(op, x)
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), _softmax64(x, op == "nn.log_softmax"), rtol=2e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["nn.softmax", "nn.log_softmax"])
+@pytest.mark.parametrize(("shape", "streaming"), [(_STREAMING[0], True), ((512, 1024), False)])
+def test_only_softmax_rows_that_stream_prefetch_the_next_row(op: str, shape: tuple[int, ...],
+                                                             streaming: bool) -> None:
+    from kiln.relay.backend.te_compiler import compile_primitive
+
+    x = relay.var("x", shape=shape)
+    call = relay.nn.softmax(x) if op == "nn.softmax" else relay.nn.log_softmax(x)
+    func = relay.infer_type(relay.Function([x], call))
+    assert isinstance(func, relay.Function)
+    tir = compile_primitive(func, "llvm", name="rows").module.get_source("tir")
+    assert ("prefetch" in tir) == streaming
+    assert ("softmax_exp" in tir) == (op == "nn.softmax")  # softmax's row buffer of exp values, streaming or not
+
+
 def test_softmax_rows_run_in_vectors_without_libm_calls() -> None:
     from kiln.relay.backend.te_compiler import compile_primitive
     from kiln.target import Target
