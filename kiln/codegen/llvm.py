@@ -9,7 +9,8 @@ row-major (`kiln.tir.flatten`) and indexed with int64 offsets. It returns
 Choices, and why:
 - Loops are emitted as phi loops; VECTORIZED loops carry `llvm.loop.vectorize.*`
   metadata (width: the vector register over the widest stored element, capped by a
-  small constant extent), UNROLLED loops of constant extent <= 64 are unrolled here,
+  small constant extent; a constant extent that is no multiple of it runs as whole vectors and then a
+  loop of the rest, of narrower vectors), UNROLLED loops of constant extent <= 64 are unrolled here,
   others get `llvm.loop.unroll.enable`.
 - PARALLEL loops are outlined into a body function (noalias pointer params, so the
   alias facts survive) and a trampoline that kiln's own thread pool
@@ -33,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import llvmlite.ir as ir
 import numpy as np
 
@@ -377,20 +379,36 @@ class CodeGenLLVM:
         if s.kind is ForKind.PARALLEL and not self.f.in_parallel and self.num_threads > 1:
             self._parallel(s)
             return
+        width = self._vector_width(s)
+        if width and isinstance(s.min, IntImm) and isinstance(s.extent, IntImm) and s.extent.value % width:
+            # whole vectors, then the rest as a loop of its own, of narrower vectors: LLVM leaves the
+            # remainder of a loop of forced width to scalar code (8 of a padded row's 56 columns; a
+            # strided copy even keeps its last whole vector scalar, to read no further than it must)
+            main = s.extent.value - s.extent.value % width
+            self._for(attrs.evolve(s, extent=IntImm(s.extent.dtype, main)))
+            self._for(attrs.evolve(s, min=IntImm(s.min.dtype, s.min.value + main),
+                                   extent=IntImm(s.extent.dtype, s.extent.value - main)))
+            return
         begin = self.expr(s.min)
         end = self.f.builder.add(begin, self.expr(s.extent))
         self._loop(s.loop_var, begin, end, s.body, self._loop_md(s))
 
-    def _loop_md(self, s: For) -> ir.values.MDValue | None:
-        m = self.module
-        if s.kind is ForKind.UNROLLED:
-            return _LoopMD(m, [m.add_metadata(["llvm.loop.unroll.enable"])])
+    def _vector_width(self, s: For) -> int | None:
+        """The lanes of vectorized loop `s` (at most its constant extent, a power of two); None if it is
+        no vectorized loop or one of fewer than 2 lanes."""
         if s.kind is not ForKind.VECTORIZED:
             return None
         width = self.vector_bits // _widest_store(s.body)
         if isinstance(s.extent, IntImm):
             width = min(width, 1 << max(s.extent.value, 1).bit_length() - 1)
-        if width <= 1:
+        return width if width > 1 else None
+
+    def _loop_md(self, s: For) -> ir.values.MDValue | None:
+        m = self.module
+        if s.kind is ForKind.UNROLLED:
+            return _LoopMD(m, [m.add_metadata(["llvm.loop.unroll.enable"])])
+        width = self._vector_width(s)
+        if width is None:
             return None
         # With unroll.disable the loop vectorizer takes the loop as it is, one vector per iteration: kiln's
         # tiles need that (without it LLVM unrolled a dense's 16-lane loops first and made gathers of them,

@@ -350,6 +350,28 @@ def test_vectorized_loop_with_tail(extent):
     np.testing.assert_array_equal(out, a * 3)
 
 
+@pytest.mark.parametrize(("extent", "stride", "widths"), [
+    (56, 1, [8, 16]),  # 48 in vectors of 16, then one of 8 (not 8 scalar iterations: LLVM's remainder)
+    (57, 1, [8, 16]),  # ... and one scalar
+    (7, 1, [2, 4]),
+    (56, 2, [8, 16]),  # a strided read: LLVM would even leave its last whole vector to scalar code
+    (13, 2, [4, 8]),
+])
+def test_the_rest_of_a_vectorized_loop_runs_as_narrower_vectors(extent, stride, widths):
+    A, B = tir.buffer("A", (extent * stride,)), tir.buffer("B", (extent,))
+    i = tir.Var("i")
+    body = tir.for_range(i, extent, tir.BufferStore(B, A.load(i * stride) * 3.0, (i,)), tir.ForKind.VECTORIZED)
+    func = tir.PrimFunc(f"rest{extent}_{stride}", [A, B], body)
+    m = kiln.build(func)
+    a = np.arange(extent * stride, dtype=np.float32)
+    out = np.zeros(extent, np.float32)
+    m(a, out)
+    np.testing.assert_array_equal(out, a[::stride] * 3)
+    if linker.has_feature(Target("llvm"), "avx512f"):
+        ir_text = emit_llvm_ir(func, Target("llvm"))
+        assert sorted(int(w) for w in re.findall(r'"llvm.loop.vectorize.width", i32 (\d+)', ir_text)) == widths
+
+
 def test_unrolled_loops_constant_and_symbolic():
     n = tir.Var("n")
     A = tir.buffer("A", (n, 4), "int64")

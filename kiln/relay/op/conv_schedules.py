@@ -23,8 +23,12 @@ epilogue applied:
   output is stored in whole vectors where "ovec" stores an element at a time.
 - "depthwise" (groups == input channels): vectorized along the output row,
   `by` rows x `nv` vectors of a channel in registers, one broadcast weight
-  per tap. The padded input is made per channel, right before the channel's
-  tiles read it (so it is in cache), one plane per phase of a column stride.
+  per tap, the whole kernel unrolled (up to 5x5), so that the tile loads each
+  input row once for all its output rows. The padded input is made per
+  channel, right before the channel's tiles read it (so it is in cache): one
+  plane per phase of a column stride, all phases in one pass over the row
+  (`phase_planes`). Phase planes are made a strip of rows at a time; the
+  channels of a single tile (7^2) are made and computed in groups.
 
 Zero padding is a copy stage whose loops tir's loop partitioning cuts where
 the padding starts and ends (`PARTITION_SELECTS`), so the copy in between is a
@@ -39,6 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kiln import te
+from kiln.ir.dtype import DataType
 from kiln.relay.op._nn_util import clamp, dtype_of, static_shape, tensor_shape
 from kiln.relay.op._schedule import KEEP, divisor_at_most, op_attr, split_epilogue, vector_lanes
 from kiln.tir import expr as tx
@@ -51,6 +56,10 @@ _UNROLL_TAPS = 3  # kernel widths up to this are unrolled in the micro-kernel (w
 _STAGE_TILE_WORK = 1024  # multiply-adds per output from which the tile is written back through memory
 _PIXELS_MAX_C = 192  # input channels up to which a 1x1 convolution may be vectorized along the row
 _PANEL_TASKS = 8  # channel tiles from which they, not rows, run on the cores (each packing its weights)
+_DW_MAX_ACC = 14  # accumulators of a depthwise tile
+_DW_UNROLL_TAPS = 25  # kernels up to 5x5 are unrolled whole in the depthwise tile (7x7 keeps a loop of rows)
+_DW_STRIP_BYTES = 10 * 1024  # padded input rows made at a time
+_DW_GROUP_BYTES = 16 * 1024  # padded input of the channels of one task, when a channel is one tile
 
 Compute = Callable[[Any, list[te.Tensor], Any], list[te.Tensor]]
 KernelAt = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]  # (o, i, ky, kx) -> the weight there
@@ -249,39 +258,132 @@ def ovec_schedule(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor]) -> 
 # --- "depthwise": one channel per group, vectorized along the output row --------------------------
 
 
-def depthwise_tiles(oh: int, ow: int, lanes: int) -> tuple[int, int]:
-    """(by rows, nv vectors) of the register tile: whole rows of up to 8 vectors, by dividing OH."""
+def depthwise_tiles(oh: int, ow: int, lanes: int, row_stride: int = 1) -> tuple[int, int]:
+    """(by rows, nv vectors) of the register tile: rows of up to 8 vectors (nv divides the row's
+    vectors), by dividing OH, at most `_DW_MAX_ACC` accumulators and 8 rows: with the kernel rows
+    unrolled, a tile's input rows are loaded once for all its output rows, and more of them
+    spill (LLVM hoists the loads). With a row stride, rows of several vectors are tiles of their
+    own: output rows then share few input rows, and on both cores 96 channels of 112^2 (stride 2)
+    ran at 56-60 GFLOP/s in tiles of one row, 42-45 in tiles of two."""
     vectors = _ceil(ow, lanes)
     nv = next(v for v in range(min(vectors, 8), 0, -1) if vectors % v == 0)
-    return divisor_at_most(oh, max(1, 16 // nv)), nv
+    if row_stride > 1 and nv > 1:
+        return 1, nv
+    return divisor_at_most(oh, max(1, min(8, _DW_MAX_ACC // nv))), nv
+
+
+def depthwise_blocking(plane_rows: int, row_bytes: int, strided: bool, oh: int, sh: int, reach: int,
+                       tile: tuple[int, int], one_tile: bool, channels: int) -> tuple[int, int]:
+    """(strip, group): output rows whose padded input is made at a time (0: a channel's whole
+    planes at once), and channels per task (their planes made together).
+
+    Phase planes (a column stride) are made a strip at a time, of at most `_DW_STRIP_BYTES` of
+    input rows (whole tiles of output rows; of the strips that fit, the one that copies the fewest
+    rows, counting the rows strips share and a short last strip): the copy then writes lines in L1
+    and the tiles read
+    them from there, the next strip's copy close behind (on both cores, 96 channels of 112^2 ran
+    at 48 instead of 32 GFLOP/s, 144 channels of 56^2 at 41 instead of 20, though their whole
+    planes fit L1). A stride-1 plane is made whole: on both cores its strips were slower (100 vs
+    55-60 GFLOP/s for 32 channels of 112^2), though faster on one. A channel of one tile (7^2) has
+    too little work for a copy and loops of its own: `group` channels share them (up to
+    `_DW_GROUP_BYTES` of planes, and at least `_PANEL_TASKS` tasks where the channels allow), and
+    the copy of one is long done when its tile reads it (a load of a row just copied waits for the
+    stores): 2.2x for 960 channels of 7^2. Not so with phase planes (7^2 from 14^2), which ran 5%
+    slower in groups.
+
+    Args:
+        plane_rows: rows of a channel's planes.
+        row_bytes: bytes of one row of them (all phases).
+        strided: whether the columns have a stride (the planes are phases).
+        oh: output rows.
+        sh: row stride.
+        reach: input rows one output row reads ((KH - 1) * dilation + 1).
+        tile: (by, nv) of `depthwise_tiles`.
+        one_tile: whether a tile covers a channel's output.
+        channels: output channels (a group divides them).
+
+    Returns:
+        (strip, group).
+    """
+    by, _ = tile
+    strip, group = 0, 1
+    if strided and by < oh:
+        def copied(s: int) -> tuple[int, int]:  # input rows copied for all strips (a last one may be short)
+            return _ceil(oh, s) * ((s - 1) * sh + reach), -s
+        fits = [s for s in range(by, oh, by) if ((s - 1) * sh + reach) * row_bytes <= _DW_STRIP_BYTES]
+        strip = min(fits, key=copied, default=by)
+    if one_tile and not strided:
+        most = min(16, _DW_GROUP_BYTES // (plane_rows * row_bytes), channels // _PANEL_TASKS)
+        group = divisor_at_most(channels, max(1, most))
+    return strip, group
+
+
+def phase_planes(data: te.Tensor, pads: tuple[int, int], rows: int, stride: int, cols: int) -> te.Tensor:
+    """The zero-padded input of a column stride as (N, C, rows, stride, cols): plane p of a row holds
+    the columns of phase p, so that a strided window reads each plane contiguously.
+
+    Plane column q of phase p holds input column (q - first) * stride + (p - left) % stride, with
+    first = ceil(left / stride): at q, the planes hold the `stride` input columns from
+    (q - first) * stride on. One pass over q (the phases unrolled inside it) thus reads whole runs
+    of the row, which LLVM loads as one interleaved group (a phase alone is a group with gaps,
+    whose last vector LLVM leaves to scalar code), and the padding of every plane starts and ends
+    at the same q: conditions on q alone, which loop partitioning cuts. `pads` is (top, left).
+    """
+    n, c, h, w = tensor_shape(data)
+    top, left = pads
+    first = _ceil(left, stride)
+    whole = w // stride  # plane columns from `first` on where every phase holds an input column
+    zero = te.const(0, data.dtype)
+
+    def at(b: PrimExpr, ch: PrimExpr, y: PrimExpr, p: PrimExpr, q: PrimExpr) -> PrimExpr:
+        row = y - top
+        col = (q - first) * stride + (p - left) % stride if stride > 1 else q - first
+        value = data[b, ch, clamp(row, h), clamp(col, w)]  # a select evaluates both sides: stay in bounds
+        inside = te.if_then_else(tx.all_of(row >= 0, row < h, q >= first, q < first + whole), value, zero)
+        if w % stride == 0:
+            return inside
+        # the last run of the row is partial: it holds the phases below w % stride (p is a constant
+        # once the phase loop is unrolled, so each plane keeps its copy or its zero)
+        last = tx.all_of(row >= 0, row < h, q >= first + whole, q < first + whole + 1,
+                         (p - left) % stride < w % stride)
+        return te.if_then_else(last, value, inside)
+
+    return te.compute((n, c, rows, stride, cols), at, name="pad" if stride == 1 else "pad_phases",
+                      attrs={KEEP: True})
 
 
 def depthwise_compute(data: te.Tensor, weight: te.Tensor, attrs: Any, shape: tuple[int, ...],
                       dtype: str) -> te.Tensor:
     """Each output channel's window sum over its input channel, in rows padded to whole vectors.
 
-    With a column stride, the padded input is made as one plane per phase of the stride, so each
-    tap reads its plane contiguously; the taps of a kernel row are written out one by one (each
-    reads its own plane).
+    The input is read from its zero-padded copy, one plane per phase of the column stride
+    (`phase_planes`), so each tap reads its plane contiguously; a convolution without padding or
+    column stride whose rows are whole tiles reads the input itself. The taps of a kernel row are
+    written out one by one.
     """
-    n, c, h, _ = tensor_shape(data)
+    n, c, h, w = tensor_shape(data)
     o, _, kh, kw = tensor_shape(weight)
     _, _, oh, ow = shape
     lanes = vector_lanes(dtype)
-    by, nv = depthwise_tiles(oh, ow, lanes)
-    owp = _ceil(ow, nv * lanes) * nv * lanes
     (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
+    by, nv = depthwise_tiles(oh, ow, lanes, sh)
+    owp = _ceil(ow, nv * lanes) * nv * lanes
     pt, pl, pb, _ = attrs.padding
     hp = max(h + pt + pb, (oh - 1) * sh + (kh - 1) * dh + 1)
-    wq = owp + (kw - 1) * dw // sw  # columns of each phase plane the padded tile reads
-    phases = sorted({k * dw % sw for k in range(kw)})  # the planes some tap reads
-    pads = {phase: padded_input(data, (pt, pl), (hp, wq), sw, phase) for phase in phases}
+    first = _ceil(pl, sw)
+    # tap kx reads phase (kx * dw) % sw, at column x + taps[kx] of its plane
+    taps = [kx * dw // sw + first - _ceil(pl - kx * dw % sw, sw) for kx in range(kw)]
+    wq = owp + max(taps)
+    direct = sw == 1 and (pt, pl, hp, wq) == (0, 0, h, w)
+    planes = data if direct else phase_planes(data, (pt, pl), hp, sw, wq)
     mult = o // c  # output channels per input channel
     ry = te.reduce_axis((0, kh), "ry")
 
     def conv(b: PrimExpr, oc: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
         ch = oc // mult if mult > 1 else oc
-        terms = [te.cast(pads[kx * dw % sw][b, ch, y * sh + ry * dh, x + kx * dw // sw], dtype)
+        row = y * sh + ry * dh
+        terms = [te.cast(planes[b, ch, row, x + taps[kx]] if direct else
+                         planes[b, ch, row, kx * dw % sw, x + taps[kx]], dtype)
                  * te.cast(weight[oc, 0, ry, kx], dtype) for kx in range(kw)]
         total = terms[0]
         for t in terms[1:]:
@@ -289,31 +391,51 @@ def depthwise_compute(data: te.Tensor, weight: te.Tensor, attrs: Any, shape: tup
         return te.sum(total, axis=[ry])
 
     rows = te.compute((n, o, oh, owp), conv, name="conv2d_depthwise")
+    strip, group = depthwise_blocking(hp, sw * wq * DataType.of(data.dtype).bytes, sw > 1, oh, sh, (kh - 1) * dh + 1,
+                                      (by, nv), by == oh and owp == nv * lanes, o)
     return te.compute(shape, lambda b, oc, y, x: rows[b, oc, y, x], name="conv2d",
-                      attrs={FORM: "depthwise", "tiles": (by, nv), "rows": rows, "pads": list(pads.values())})
+                      attrs={FORM: "depthwise", "tiles": (by, nv), "rows": rows, "group": group,
+                             "planes": None if direct else planes, "strip": 0 if direct else strip,
+                             "unroll_rows": kh * kw <= _DW_UNROLL_TAPS})
 
 
 def depthwise_schedule(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor]) -> None:
-    """Channels on the cores; per channel its padded plane, then by x nv tiles with the taps unrolled."""
+    """Tasks of `group` channels on the cores; per task (or per strip of a channel's rows) its padded
+    planes, then by x nv tiles with the kernel unrolled (its rows too, up to `_DW_UNROLL_TAPS`
+    taps)."""
     by, nv = op_attr(c, "tiles")
     rows = op_attr(c, "rows")
+    strip, group = op_attr(c, "strip"), op_attr(c, "group")
     lanes = vector_lanes(c.dtype)
     stage = _inline_anchor(sch, c, outs)
     n, o, y, x = stage.op.axis
+    oo, oi = stage.split(o, factor=group)
+    outer = []
+    if strip:
+        ys, y = stage.split(y, factor=strip)
+        outer.append(ys)
     yo, yi = stage.split(y, factor=by)
     xo, xi = stage.split(x, factor=nv * lanes)
     xv, xl = stage.split(xi, factor=lanes)
-    stage.reorder(n, o, yo, xo, yi, xv, xl)
-    channel = stage.fuse(n, o)
-    stage.parallel(channel)
+    stage.reorder(n, oo, oi, *outer, yo, xo, yi, xv, xl)
+    task = stage.fuse(n, oo)
+    stage.parallel(task)
     stage.unroll(yi)
     stage.unroll(xv)
     stage.vectorize(xl)
     _row_tile(sch, rows, stage, xo, 2, lanes)  # rows of one channel
-    for pad in op_attr(c, "pads"):
-        if op_attr(pad, KEEP):
-            sch[pad].compute_at(stage, channel)
-            _schedule_pad(sch, pad, parallel=False)
+    if op_attr(c, "unroll_rows"):
+        sch[rows].unroll(sch[rows].op.reduce_axis[0])
+    if op_attr(c, "planes") is None:
+        return
+    planes = sch[op_attr(c, "planes")]
+    planes.compute_at(stage, outer[0] if strip else task)
+    *_, py, pp, pq = planes.op.axis
+    planes.reorder(py, pq, pp)  # the phases of a run in one pass: an interleaved read
+    planes.pragma(py, PARTITION_SELECTS)
+    planes.pragma(pq, PARTITION_SELECTS)
+    planes.vectorize(pq)
+    planes.unroll(pp)
 
 
 # --- "pixels": a 1x1 convolution vectorized along the output row ----------------------------------

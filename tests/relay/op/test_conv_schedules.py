@@ -3,9 +3,11 @@
 Shapes exercise the tile choices and their padding: output channels that are
 not a multiple of the vector width (a zero weight block), widths that are not
 a multiple of the tile, strides, dilations, asymmetric padding, kernels 1 to 7,
-batch 2, depthwise channel multipliers; alone and with fused epilogues (bias,
-relu, residual add, clip), with the weight packed on every run (a parameter)
-and packed at build time (a constant, through AlterOpLayout).
+batch 2, depthwise channel multipliers, odd rows under a column stride, the
+depthwise planes made in strips and for groups of channels; alone and with
+fused epilogues (bias, relu, residual add, clip, SiLU), with the weight packed
+on every run (a parameter) and packed at build time (a constant, through
+AlterOpLayout).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from kiln.registry import Op
 from kiln.relay import transform
 from kiln.relay.backend.build_module import build
 from kiln.relay.backend.te_compiler import _Lowerer
-from kiln.relay.op.conv_schedules import depthwise_tiles, ovec_tiles, pixel_tiles
+from kiln.relay.op.conv_schedules import depthwise_blocking, depthwise_tiles, ovec_tiles, pixel_tiles
 from kiln.relay.visitor import post_order
 from kiln.target import Target
 from kiln.tir.pipeline import optimize_tir
@@ -123,10 +125,22 @@ DEPTHWISE_CASES = [
     ((1, 24, 20, 20), (24, 1, 3, 3), {"padding": 1, "groups": 24}),  # rows of 20: two vectors, one padded
     ((2, 8, 17, 15), (8, 1, 3, 3), {"strides": 2, "padding": 1, "groups": 8}),  # two phase planes
     ((1, 6, 19, 23), (6, 1, 5, 5), {"strides": 2, "padding": 2, "groups": 6}),
-    ((1, 4, 14, 14), (4, 1, 7, 7), {"padding": 3, "groups": 4}),  # ConvNeXt's 7x7
+    ((1, 4, 14, 14), (4, 1, 7, 7), {"padding": 3, "groups": 4}),  # ConvNeXt's 7x7: kernel rows stay a loop
     ((1, 4, 11, 12), (8, 1, 3, 3), {"padding": (1, 0, 2, 1), "groups": 4}),  # two outputs per channel
     ((1, 5, 13, 13), (5, 1, 3, 3), {"dilation": 2, "padding": 2, "groups": 5}),
     ((1, 3, 9, 10), (3, 1, 3, 2), {"strides": (1, 3), "groups": 3}),  # no padding, a column stride of 3
+    ((1, 3, 7, 13), (3, 1, 3, 3), {"padding": 1, "groups": 3}),  # 7 rows in one tile, a row of 13
+    ((1, 2, 57, 57), (2, 1, 3, 3), {"padding": 1, "groups": 2}),  # 57 = 3 tiles of 19 rows, a 4th vector of 9
+    ((1, 4, 13, 13), (4, 1, 5, 5), {"padding": 2, "groups": 4}),
+    ((1, 3, 57, 57), (3, 1, 5, 5), {"strides": 2, "padding": 2, "groups": 3}),  # an odd row: a partial last run
+    ((1, 2, 113, 113), (2, 1, 3, 3), {"strides": 2, "padding": 1, "groups": 2}),  # phase planes in strips of rows
+    ((1, 2, 112, 112), (2, 1, 3, 3), {"padding": 1, "groups": 2}),  # MobileNet's first: 2 rows x 7 vectors
+    ((2, 32, 7, 7), (32, 1, 3, 3), {"padding": 1, "groups": 32}),  # single tiles: 4 channels a task, 2 images
+    ((1, 16, 7, 7), (32, 1, 5, 5), {"padding": 2, "groups": 16}),  # two outputs per channel, in groups
+    ((1, 3, 15, 15), (6, 1, 3, 3), {"strides": 2, "padding": 1, "groups": 3}),  # two per channel, phase planes
+    ((1, 3, 17, 17), (3, 1, 3, 3), {"strides": 2, "dilation": 2, "padding": 2, "groups": 3}),  # one phase read
+    ((1, 4, 9, 9), (4, 1, 1, 1), {"strides": 2, "groups": 4}),  # 1x1 with a stride
+    ((1, 4, 10, 10), (4, 1, 3, 3), {"groups": 4}),  # no padding: the rows of 8 read the input as it is
 ]
 
 
@@ -137,21 +151,107 @@ def test_depthwise_form_matches_numpy(x_shape, w_shape, kw, dtype) -> None:
     check_build("nn.conv2d", rand(*x_shape, dtype=dtype), rand(*w_shape, dtype=dtype), rtol=tol, atol=tol, **kw)
 
 
-def test_depthwise_pads_each_channel_with_a_plain_copy_between_loops_of_zeros() -> None:
-    sch, inputs, outs = _Lowerer(relay.infer_type(_conv_func((1, 24, 20, 20), (24, 1, 3, 3), padding=1, groups=24)),
+def _depthwise_tir(x_shape: tuple[int, ...], w_shape: tuple[int, ...], **kw: Any) -> str:
+    """The optimized loop IR of a depthwise convolution (as codegen sees it)."""
+    sch, inputs, outs = _Lowerer(relay.infer_type(_conv_func(x_shape, w_shape, groups=x_shape[1], **kw)),
                                  Target("llvm")).run()
-    text = str(optimize_tir(te.lower(sch, [*inputs, *outs])))
+    return str(optimize_tir(te.lower(sch, [*inputs, *outs])))
+
+
+def test_depthwise_pads_each_channel_with_a_plain_copy_between_loops_of_zeros() -> None:
+    text = _depthwise_tir((1, 24, 20, 20), (24, 1, 3, 3), padding=1)
     # per channel (inside the parallel loop), rows of zeros, then rows of: a zero, a vectorized copy, zeros
-    assert text.index("# parallel") < text.index("pad = allocate((1, 1, 22, 34)") < text.index("conv2d_depthwise")
-    copy = re.search(r"for (x_\d+) in range\(1, 21\):  # vectorized\n\s+pad\[0, 0, y, \1\] = "
-                     r"x\[0, b_oc_fused, y - 1, \1 - 1\]", text)
+    assert text.index("# parallel") < text.index("pad = allocate((1, 1, 22, 1, 34)") < text.index("conv2d_depthwise")
+    copy = re.search(r"for (q_\d+) in range\(1, 21\):  # vectorized\n\s+pad\[0, 0, y, 0, \1\] = "
+                     r"x\[0, b_oc_outer_fused, y - 1, \1 - 1\]", text)
     assert copy is not None, text
     assert "select(" not in text.split("conv2d_depthwise")[0]
 
 
-@pytest.mark.parametrize(("oh", "ow", "expected"), [(112, 112, (2, 7)), (56, 56, (4, 4)), (7, 7, (7, 1))])
-def test_depthwise_tiles_cover_whole_rows(oh, ow, expected) -> None:
-    assert depthwise_tiles(oh, ow, 16) == expected
+def test_depthwise_copies_the_phases_of_a_column_stride_in_one_pass() -> None:
+    text = _depthwise_tir((1, 8, 17, 17), (8, 1, 3, 3), strides=2, padding=1)
+    pads = text.split("conv2d_depthwise")[0]
+    # a strip of 3 output rows (one tile) reads 7 input rows: both phases of them, made per strip
+    assert re.search(r"for y_outer in range\(3\):\n\s+pad_phases = allocate\(\(1, 1, 7, 2, 17\)", pads), pads
+    # one vectorized loop stores both phases of a run of the row (an interleaved read, no remainder); the
+    # padding columns are cut off it (a select stays only for the rows, whose bounds depend on the strip)
+    copy = re.search(r"for (q\w*) in range\(1, 9\):  # vectorized\n(?:.*\n){1,2}\s+pad_phases\[0, 0, y, 0, \1\] = "
+                     r"(?:.*\n){1,2}\s+pad_phases\[0, 0, y, 1, \1\] = ", pads)
+    assert copy is not None, pads
+    # the odd row's last run: column 16 in phase 1, a zero in phase 0
+    assert "pad_phases[0, 0, y, 0, 9] = 0.0" in pads and re.search(r"x\[0, b_oc_outer_fused, .*, 16\]", pads)
+
+
+def test_depthwise_makes_phase_planes_a_strip_of_rows_at_a_time() -> None:
+    text = _depthwise_tir((1, 2, 112, 112), (2, 1, 3, 3), strides=2, padding=1)
+    # 8 output rows (4 tiles of 2) read 17 input rows: their planes are made inside the strip loop
+    strip = re.search(r"for (y_outer) in range\(7\):\n\s+pad_phases = allocate\(\(1, 1, 17, 2, 65\)", text)
+    assert strip is not None, text
+    # stride 1 keeps a channel's whole plane
+    assert "pad = allocate((1, 1, 114, 1, 114)" in _depthwise_tir((1, 2, 112, 112), (2, 1, 3, 3), padding=1)
+
+
+def test_depthwise_groups_the_channels_of_single_tiles() -> None:
+    text = _depthwise_tir((1, 32, 7, 7), (32, 1, 3, 3), padding=1)
+    # 4 channels a task (8 tasks), their planes made together, then each channel's one tile
+    assert "for b_oc_outer_fused in range(8):  # parallel" in text
+    assert "pad = allocate((1, 4, 9, 1, 18)" in text
+    assert re.search(r"for oc_inner in range\(4\):\n\s+conv2d_depthwise = allocate\(\(1, 1, 7, 16\)", text)
+
+
+@pytest.mark.parametrize(("oh", "ow", "stride", "expected"), [
+    (112, 112, 1, (2, 7)),  # 14 accumulators
+    (56, 56, 1, (2, 4)),  # 4 rows of 4 vectors would be 16
+    (28, 28, 1, (7, 2)),
+    (14, 14, 1, (7, 1)),  # at most 8 rows
+    (7, 7, 1, (7, 1)),
+    (56, 56, 2, (1, 4)),  # a row stride: rows of several vectors alone
+    (14, 14, 2, (7, 1)),
+])
+def test_depthwise_tiles_cover_whole_rows(oh, ow, stride, expected) -> None:
+    assert depthwise_tiles(oh, ow, 16, stride) == expected
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ((114, 456, False, 112, 1, 3, (2, 7), False, 32), (0, 1)),  # a stride-1 plane is made whole
+    ((113, 520, True, 56, 2, 3, (1, 4), False, 96), (8, 1)),  # 17 input rows of 520 bytes fit 10 KiB
+    ((61, 272, True, 29, 2, 5, (1, 2), False, 3), (15, 1)),  # 29 rows: a short last strip, not strips of one
+    ((57, 264, True, 28, 2, 3, (7, 2), False, 144), (14, 1)),  # phase planes that fit L1 too: 29 rows
+    ((15, 136, True, 7, 2, 3, (7, 1), False, 576), (0, 1)),  # a single tile of rows: no strip
+    ((9, 72, False, 7, 1, 3, (7, 1), True, 960), (0, 16)),  # single tiles: up to 16 channels
+    ((9, 72, False, 7, 1, 3, (7, 1), True, 32), (0, 4)),  # ... and at least 8 tasks
+    ((9, 72, False, 7, 1, 3, (7, 1), True, 6), (0, 1)),
+    ((15, 136, True, 7, 2, 3, (7, 1), True, 576), (0, 1)),  # phase planes of single tiles: no groups
+])
+def test_depthwise_blocking(args, expected) -> None:
+    assert depthwise_blocking(*args) == expected
+
+
+def _depthwise_silu(x_shape: tuple[int, ...], w_shape: tuple[int, ...], **kw: Any) -> tuple[relay.Function, Any]:
+    """EfficientNet's block: a depthwise convolution, its BatchNorm folded into a bias, then SiLU."""
+    wv, bv = rand(*w_shape), rand(w_shape[0])
+    x = relay.var("x", shape=x_shape)
+    y = relay.nn.bias_add(relay.nn.conv2d(x, relay.const(wv), groups=x_shape[1], **kw), relay.const(bv))
+    body = relay.multiply(y, relay.sigmoid(y))
+
+    def want(xv: np.ndarray) -> np.ndarray:
+        z = ref("nn.conv2d", xv, wv, groups=x_shape[1], **kw) + bv[:, None, None]
+        return z / (1 + np.exp(-z))
+
+    return relay.Function([x], body), want
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [
+    ((1, 16, 15, 15), (16, 1, 5, 5), {"strides": 2, "padding": 2}),
+    ((1, 32, 7, 7), (32, 1, 3, 3), {"padding": 1}),  # single tiles in groups
+    ((1, 2, 113, 113), (2, 1, 3, 3), {"strides": 2, "padding": 1}),  # strips
+])
+def test_depthwise_silu_epilogue_runs_on_the_tile(x_shape, w_shape, kw) -> None:
+    func, want = _depthwise_silu(x_shape, w_shape, **kw)
+    lib = build(func)
+    assert len(lib.kernels) == 1  # bias and SiLU are fused into the convolution
+    xv = rand(*x_shape)
+    np.testing.assert_allclose(np.asarray(lib.create_executor()(x=xv)), want(xv), rtol=1e-4, atol=1e-4)
 
 
 def test_grouped_and_nhwc_convolutions_keep_the_direct_compute() -> None:
@@ -186,7 +286,7 @@ def _numpy_epilogue(kind: str, y: np.ndarray, values: dict[str, np.ndarray]) -> 
 @pytest.mark.parametrize("kind", ["bias_relu", "residual", "clip"])
 @pytest.mark.parametrize("constant", [False, True])
 @pytest.mark.parametrize(("x_shape", "w_shape", "kw"), [OVEC_CASES[1], OVEC_CASES[2], PIXELS_CASES[1],
-                                                       DEPTHWISE_CASES[1]])
+                                                       DEPTHWISE_CASES[1], DEPTHWISE_CASES[11], DEPTHWISE_CASES[14]])
 def test_fused_epilogues_run_on_the_tile(kind, constant, x_shape, w_shape, kw) -> None:
     xv, wv = rand(*x_shape), rand(*w_shape)
     x = relay.var("x", shape=x_shape)
