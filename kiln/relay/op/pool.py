@@ -13,6 +13,7 @@ the trailing padding is dropped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -227,6 +228,9 @@ def _avg_pool2d_compute(attrs: AvgPool2DAttrs, inputs: list[te.Tensor], out_type
     return [win.compute(mean, "avg_pool2d")]
 
 
+_UNROLL_TAPS = 49  # windows up to 7x7 are unrolled inside the row loop
+
+
 def _pool_stages(anchor_outs: Sequence[te.Tensor]) -> list[te.Tensor]:
     """The pool's reductions over windows: the anchor and the reductions it reads (its own stages)."""
     stages = [t for a in anchor_outs for t in a.op.input_tensors
@@ -249,6 +253,11 @@ def _schedule_pool(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Seq
             stage.parallel(stage.fuse(*axes))
         elif len(axes) > 2:
             stage.parallel(stage.fuse(*axes[:-1]))
+            extents = [r.dom.extent if r.dom is not None else None for r in stage.op.reduce_axis]
+            if all(isinstance(e, tx.IntImm) for e in extents) and \
+                    math.prod(e.value for e in extents if isinstance(e, tx.IntImm)) <= _UNROLL_TAPS:
+                for r in stage.op.reduce_axis:  # the taps inside the row loop, which LLVM then vectorizes
+                    stage.unroll(r)
     for t in outs:
         if not (isinstance(t.op, te.ComputeOp) and t.op.reduce_axis):
             schedule_injective_stage(sch, t)

@@ -73,3 +73,16 @@ def test_global_pools_build(op, shape, layout) -> None:
 @pytest.mark.parametrize("op", ["nn.global_avg_pool2d", "nn.global_max_pool2d"])
 def test_global_pools_build_for_integers(op) -> None:
     check_build(op, _ints(2, 3, 5, 5))
+
+
+@pytest.mark.parametrize(("pool_size", "unrolled"), [(3, True), (7, True), (8, False)])
+def test_small_windows_are_unrolled_inside_the_row_loop(pool_size: int, unrolled: bool) -> None:
+    from kiln import relay
+
+    x = relay.var("x", shape=(1, 4, 19, 19))
+    lib = relay.build(relay.Function([x], relay.nn.max_pool2d(x, pool_size=pool_size, strides=2)))
+    loops = str(lib.kernels[0].func)
+    assert ("for ry" not in loops and "for rx" not in loops) == unrolled, loops
+    data = rand(1, 4, 19, 19)
+    windows = np.lib.stride_tricks.sliding_window_view(data, (pool_size, pool_size), axis=(2, 3))[:, :, ::2, ::2]
+    np.testing.assert_array_equal(lib.create_executor()(x=data), windows.max(axis=(-2, -1)))
