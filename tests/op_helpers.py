@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kiln.ir.types import TensorType, TupleType, Type
-from kiln.registry import Op, attr
+from kiln.ir.types import IncompleteType, TensorType, TupleType, Type
+from kiln.registry import Op, OpPattern, attr
 from kiln.relay.op._rel import RelationError
 
 RNG = np.random.default_rng(0)
@@ -47,6 +47,24 @@ def check(op: str, attrs: Any, *inputs: Any) -> Any:
     out = reference(op, attrs, *inputs)
     assert type_of(out) == relation(op, [type_of(i) for i in inputs], attrs)
     return out
+
+
+def assert_registered_complete(op: str, pattern: OpPattern, args: list[str], attrs_type: type | None,
+                               level: int) -> None:
+    """`op` verifies and carries this pattern, these arguments, attrs type and support level, a
+    description and a numpy reference."""
+    entry = Op.get(op)
+    entry.verify()
+    assert entry.get_attr(attr.TOpPattern) == pattern
+    assert [a.name for a in entry.arguments] == args and entry.num_inputs == len(args)
+    assert entry.attrs_type is attrs_type
+    assert entry.support_level == level
+    assert entry.description and entry.get_attr(attr.FReference) is not None
+
+
+def assert_relation_waits(op: str) -> None:
+    """`op`'s relation answers "not yet" while its inputs' types are incomplete."""
+    assert relation(op, [IncompleteType() for _ in Op.get(op).arguments], None) is None
 
 
 @contextlib.contextmanager

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from op_helpers import check, check_build, rand, rel_error, relation
+from op_helpers import assert_registered_complete, assert_relation_waits, check, check_build, rand, rel_error, relation
 
 from kiln.ir.attrs import Attrs, AttrsError
-from kiln.ir.types import IncompleteType, SizeVar, TensorType, TupleType
+from kiln.ir.types import SizeVar, TensorType, TupleType
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.expr import Call, Constant, var
 from kiln.relay.op import creation as C
@@ -42,18 +42,12 @@ REGISTRY = [
 def test_creation_ops_are_registered_complete(
     op: str, pattern: OpPattern, args: list[str], attrs_type: type | None, level: int
 ) -> None:
-    entry = Op.get(op)
-    entry.verify()
-    assert entry.get_attr(attr.TOpPattern) == pattern
-    assert [a.name for a in entry.arguments] == args and entry.num_inputs == len(args)
-    assert entry.attrs_type is attrs_type
-    assert entry.support_level == level
-    assert entry.description and entry.get_attr(attr.FReference) is not None
+    assert_registered_complete(op, pattern, args, attrs_type, level)
 
 
 @pytest.mark.parametrize("op", [r[0] for r in REGISTRY if r[2]])
 def test_relations_wait_for_incomplete_inputs(op: str) -> None:
-    assert relation(op, [IncompleteType() for _ in Op.get(op).arguments], None) is None
+    assert_relation_waits(op)
 
 
 # --- full, zeros, ones, zeros_like, ones_like, shape_of, arange -------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from op_helpers import check_build, reference, relation
+from op_helpers import assert_registered_complete, check_build, reference, relation
 
 from kiln.ir.attrs import AttrsError
 from kiln.ir.types import ANY, IncompleteType, SizeVar, TensorType, TupleType
@@ -42,14 +42,7 @@ def check_reference_matches_relation(op: str, attrs: Any, x: np.ndarray[Any, Any
 
 @pytest.mark.parametrize("op", REDUCE_OPS + ARG_OPS)
 def test_reduction_ops_are_registered_complete(op: str) -> None:
-    entry = Op.get(op)
-    assert entry.get_attr(attr.TOpPattern) == OpPattern.COMM_REDUCE
-    assert entry.num_inputs == 1
-    assert [a.name for a in entry.arguments] == ["data"]
-    assert entry.attrs_type is (ArgReduceAttrs if op in ARG_OPS else ReduceAttrs)
-    assert entry.support_level == 4
-    assert entry.description
-    assert entry.get_attr(attr.FReference) is not None
+    assert_registered_complete(op, OpPattern.COMM_REDUCE, ["data"], ArgReduceAttrs if op in ARG_OPS else ReduceAttrs, 4)
 
 
 # --- output types ----------------------------------------------------------------------

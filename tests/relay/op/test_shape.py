@@ -11,10 +11,19 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from op_helpers import check, check_build, rand, reference, rel_error, relation
+from op_helpers import (
+    assert_registered_complete,
+    assert_relation_waits,
+    check,
+    check_build,
+    rand,
+    reference,
+    rel_error,
+    relation,
+)
 
 from kiln.ir.attrs import Attrs, AttrsError
-from kiln.ir.types import ANY, IncompleteType, SizeVar, TensorType, TupleType, dim_mul
+from kiln.ir.types import ANY, SizeVar, TensorType, TupleType, dim_mul
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.expr import Call, Tuple, var
 from kiln.relay.op import shape as T
@@ -47,18 +56,12 @@ REGISTRY = [
 def test_transform_ops_are_registered_complete(
     op: str, pattern: OpPattern, args: list[str], attrs_type: type | None, level: int
 ) -> None:
-    entry = Op.get(op)
-    entry.verify()
-    assert entry.get_attr(attr.TOpPattern) == pattern
-    assert [a.name for a in entry.arguments] == args and entry.num_inputs == len(args)
-    assert entry.attrs_type is attrs_type
-    assert entry.support_level == level
-    assert entry.description and entry.get_attr(attr.FReference) is not None
+    assert_registered_complete(op, pattern, args, attrs_type, level)
 
 
 @pytest.mark.parametrize("op", [r[0] for r in REGISTRY if r[2]])
 def test_relations_wait_for_incomplete_inputs(op: str) -> None:
-    assert relation(op, [IncompleteType() for _ in Op.get(op).arguments], None) is None
+    assert_relation_waits(op)
 
 
 # --- reshape -------------------------------------------------------------------------------
