@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
+from kiln.ir import graph
 from kiln.tir.expr import (
     BinaryOp,
     BufferLoad,
@@ -83,20 +84,7 @@ def _rebuild(e: PrimExpr, new: tuple[PrimExpr, ...]) -> PrimExpr:
 
 def _post_order(roots: Sequence[PrimExpr]) -> list[PrimExpr]:
     """The distinct nodes under `roots`, children before parents. Iterative."""
-    out: list[PrimExpr] = []
-    seen: set[int] = set()
-    stack: list[tuple[PrimExpr, bool]] = [(r, False) for r in reversed(roots)]
-    while stack:
-        e, ready = stack.pop()
-        if ready:
-            out.append(e)
-            continue
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        stack.append((e, True))
-        stack.extend((k, False) for k in reversed(_kids(e)) if id(k) not in seen)
-    return out
+    return graph.post_order(roots, _kids)
 
 
 def is_dag(roots: Sequence[PrimExpr]) -> bool:

@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from kiln import te
+from kiln.ir import graph
 from kiln.ir.dtype import DataType
 from kiln.relay.op._nn_util import accumulator, tensor_shape
 from kiln.relay.op._schedule import (
@@ -223,21 +224,9 @@ def _prefetch_next_row(s: te.Stage, t: te.Tensor, axis: te.IterVar, steps: int |
 def internal_stages(out: te.Tensor) -> list[te.Tensor]:
     """The stages of the compute that produces `out`, producers first: the reductions and the `KEEP`
     stages it reads (not the elementwise producers fused in front of it, which are inlined)."""
-    order: list[te.Tensor] = []
-    seen: set[int] = set()
-    stack = [(t, False) for t in out.op.input_tensors]
-    while stack:
-        t, done = stack.pop()
-        op = t.op
-        if not isinstance(op, te.ComputeOp):
-            continue
-        if done:
-            if op.reduce_axis or op.attrs.get(KEEP):
-                order.append(t)
-            continue
-        if id(op) in seen:
-            continue
-        seen.add(id(op))
-        stack.append((t, True))
-        stack.extend((u, False) for u in op.input_tensors)
-    return order
+    # the last input first and each stage's last input first: the order the schedule attaches them in
+    def reads(t: te.Tensor) -> list[te.Tensor]:
+        return list(reversed(t.op.input_tensors)) if isinstance(t.op, te.ComputeOp) else []
+
+    order = graph.post_order(reversed(out.op.input_tensors), reads, key=lambda t: id(t.op))
+    return [t for t in order if isinstance(t.op, te.ComputeOp) and (t.op.reduce_axis or t.op.attrs.get(KEEP))]
