@@ -108,6 +108,11 @@ def flat_values(
     return env[id(func.body)]
 
 
+def _is_immediate(node: rx.Constant) -> bool:
+    """Whether a constant is compiled into the kernel (one element) rather than passed to it."""
+    return bool(node.data.size == 1)
+
+
 class _Lowerer:
     def __init__(self, func: rx.Function, target: Target) -> None:
         self.func = func
@@ -166,7 +171,7 @@ class _Lowerer:
         return [self._placeholder(ty, n, f"parameter {p.name_hint}") for ty, n in zip(tys, names, strict=True)]
 
     def _constant(self, node: rx.Constant) -> list[te.Tensor]:
-        if node.data.size == 1:
+        if _is_immediate(node):
             return [self._immediate(node)]
         self.constants.append(np.array(node.data, copy=True))  # as _tensor_constants makes them
         return [self._placeholder(node.type, f"const{len(self.constants)}", "a constant")]
@@ -263,7 +268,7 @@ def _tensor_constants(func: rx.Function) -> list[np.ndarray]:
     found: list[np.ndarray] = []
 
     def constant(node: rx.Constant) -> list[None]:
-        if node.data.size != 1:
+        if not _is_immediate(node):
             found.append(np.array(node.data, copy=True))  # writeable, 0-d stays 0-d
         return []
 
