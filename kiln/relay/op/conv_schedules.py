@@ -74,23 +74,20 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def padded_input(data: te.Tensor, pads: tuple[int, int], size_hw: tuple[int, int], stride: int = 1,
-                 phase: int = 0) -> te.Tensor:
-    """Columns `phase`, `phase + stride`, ... of `data` (NCHW) in a `size_hw` plane with zeros around it
-    (`pads` (top, left) before it, the rest after): the plane a stride-`stride` window reads at
-    `phase`, so that the window's reads are contiguous. `data` itself when that adds nothing.
+def padded_input(data: te.Tensor, pads: tuple[int, int], size_hw: tuple[int, int]) -> te.Tensor:
+    """`data` (NCHW) in a `size_hw` plane with zeros around it (`pads` (top, left) before it, the
+    rest after); `data` itself when that adds nothing.
     """
     n, c, h, w = tensor_shape(data)
     (pt, pl), (hp, wp) = pads, size_hw
-    if (pt, pl, hp, wp, stride) == (0, 0, h, w, 1):
+    if (pt, pl, hp, wp) == (0, 0, h, w):
         return data
     zero = te.const(0, data.dtype)
 
     def at(b: PrimExpr, ch: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
         conds: list[PrimExpr] = []
         coords: list[PrimExpr] = []
-        col = x * stride + phase - pl
-        for v, size, guard in ((y - pt, h, pt > 0 or hp > h), (col, w, True)):
+        for v, size, guard in ((y - pt, h, pt > 0 or hp > h), (x - pl, w, True)):
             if guard:  # a select may evaluate both sides: the load's index stays in bounds
                 conds += [v >= 0, v < size]
                 v = clamp(v, size)
@@ -98,19 +95,15 @@ def padded_input(data: te.Tensor, pads: tuple[int, int], size_hw: tuple[int, int
         value = data[b, ch, coords[0], coords[1]]
         return te.if_then_else(tx.all_of(*conds), value, zero)
 
-    name = "pad" if stride == 1 else f"pad_phase{phase}"
-    return te.compute((n, c, hp, wp), at, name=name, attrs={KEEP: True})
+    return te.compute((n, c, hp, wp), at, name="pad", attrs={KEEP: True})
 
 
-def _schedule_pad(sch: te.Schedule, pad: te.Tensor, parallel: bool) -> None:
-    """The copy loop of a padded input: cut where the padding starts and ends (the copy in between
-    vectorized), its rows on the cores when it is made at the root."""
+def _schedule_pad(sch: te.Schedule, pad: te.Tensor) -> None:
+    """The copy loop of a padded input, made at the root: its rows on the cores, each row cut where
+    the padding starts and ends (the copy in between vectorized)."""
     stage = sch[pad]
     *outer, y, x = stage.op.axis
-    if parallel:
-        stage.parallel(stage.fuse(*outer, y))
-    else:
-        stage.pragma(y, PARTITION_SELECTS)
+    stage.parallel(stage.fuse(*outer, y))
     stage.pragma(x, PARTITION_SELECTS)
     stage.vectorize(x)
 
@@ -252,7 +245,7 @@ def ovec_schedule(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor]) -> 
         else:
             pk.parallel(pk.fuse(*pk.op.axis[:2]))
     if op_attr(pad, KEEP):
-        _schedule_pad(sch, pad, parallel=True)
+        _schedule_pad(sch, pad)
 
 
 # --- "depthwise": one channel per group, vectorized along the output row --------------------------
