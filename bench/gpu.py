@@ -1,22 +1,37 @@
-"""kiln's CUDA kernels beside cupy (and torch) on the same GPU, in one run.
+"""kiln's CUDA kernels beside cupy (cuBLAS) and torch on the same GPU, in one run.
 
-Prints, with the GPU's name:
-- the elementwise chain of bench/kernels.py, sigmoid(x*2+1)*tanh(x) on 2^26
-  float32, as achieved GB/s (8 bytes moved per element) and as a ratio to cupy
-  evaluating the same expression (unfused, and fused with `cupy.fuse`);
-- a 4096^3 float32 matmul (`nn.matmul` through relay.build) as TFLOP/s and as a
-  ratio to `cupy.matmul` (cuBLAS);
-- the demo CNN at batch 32 against torch on the same GPU, when torch is there.
+    python bench/gpu.py [--sections chain,matmul,zoo,models] [--repeat N]
 
-Aims from issue 6: the chain above 80% of the memory bandwidth, the matmul
-above half of cuBLAS. Needs a CUDA GPU; without one it says so and exits 0.
+Prints, with the GPU's name (each section on its own; a section that fails
+prints its error and the others still run):
+- chain: the elementwise chain of bench/kernels.py, sigmoid(x*2+1)*tanh(x) on
+  2^26 float32, as achieved GB/s (8 bytes moved per element), as a fraction of
+  the device's theoretical memory bandwidth, and beside cupy evaluating the
+  same expression (unfused, and fused with `cupy.fuse`);
+- matmul: 4096^3 `nn.matmul` through relay.build in float32 and in float16
+  (float16 inputs, float32 accumulation: out_dtype float32), as TFLOP/s and as
+  a ratio to `cupy.matmul` (cuBLAS) on the same inputs;
+- zoo: every model of `kiln.testing.zoo` at batch 1 compiled for cuda, its
+  output checked against onnxruntime's CPU provider (max error) and timed;
+- models: the zoo's ResNet-50 at batch 1 and 32 and its BERT-base encoder at
+  batch 8 x seq 128, kiln beside torch eager on the same GPU (torchvision's
+  resnet50 and transformers' BertModel of the same sizes, random weights, eval
+  mode), float32 with TF32 off in torch (kiln computes in float32), and torch's
+  default (TF32 convolutions) as a second column.
+
+Times are medians of CUDA-event timings after warm-up runs. The aims (issue
+19): the chain at 80% of the memory bandwidth, both matmuls at half of cuBLAS
+or better, ResNet-50 and BERT at or ahead of torch eager. Needs a CUDA GPU;
+without one it says so and exits 0.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +39,6 @@ import numpy as np
 
 import kiln
 from kiln import relay, te
-from kiln.testing import models
 
 
 def gpu_time(fn: Callable[[], object], cupy: Any, repeat: int = 20) -> float:
@@ -54,7 +68,140 @@ def chain_kernel(n: int, target: str, threads: int = 256) -> Any:
     return kiln.build(s, [x, y], target=target, name="chain")
 
 
-def main() -> int:
+def chain(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
+    n = 1 << 26
+    x = cupy.random.standard_normal(n, dtype=cupy.float32)
+    y = cupy.empty_like(x)
+    mod = chain_kernel(n, "cuda")
+    mod(x, y)
+
+    def expression(v: Any) -> Any:
+        return 1 / (1 + cupy.exp(-(v * 2 + 1))) * cupy.tanh(v)
+
+    np.testing.assert_allclose(y.get(), expression(x).get(), rtol=1e-5, atol=1e-6)
+    fused = cupy.fuse(expression)
+    t_kiln = gpu_time(lambda: mod(x, y), cupy, args.repeat)
+    t_cupy = gpu_time(lambda: expression(x), cupy, args.repeat)
+    t_fuse = gpu_time(lambda: fused(x), cupy, args.repeat)
+    gbs = 8 * n / t_kiln / 1e9
+    print(f"elementwise chain 2^26 f32: kiln {t_kiln * 1e3:.3f} ms, {gbs:.0f} GB/s ({gbs / peak_gbs:.0%} of peak); "
+          f"cupy {t_cupy * 1e3:.3f} ms ({t_cupy / t_kiln:.2f}x kiln's time), cupy.fuse {t_fuse * 1e3:.3f} ms "
+          f"({t_fuse / t_kiln:.2f}x)")
+
+
+def matmul(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
+    del peak_gbs
+    for dtype, out_dtype, rtol in (("float32", None, 1e-3), ("float16", "float32", 2e-2)):
+        _matmul_one(cupy, 4096, dtype, out_dtype, rtol, max(3, args.repeat // 4))
+
+
+def _matmul_one(cupy: Any, size: int, dtype: str, out_dtype: str | None, rtol: float, repeat: int) -> None:
+    a = relay.var("a", shape=(size, size), dtype=dtype)
+    b = relay.var("b", shape=(size, size), dtype=dtype)
+    start = time.perf_counter()
+    lib = relay.build(relay.Function([a, b], relay.nn.matmul(a, b, out_dtype=out_dtype)), target="cuda")
+    compile_s = time.perf_counter() - start
+    ex = lib.create_executor()
+    av = cupy.random.random((size, size), dtype=cupy.float32).astype(dtype)
+    bv = cupy.random.random((size, size), dtype=cupy.float32).astype(dtype)
+    out = ex(a=av, b=bv)
+    np.testing.assert_allclose(out.get(), cupy.matmul(av, bv).get().astype(np.float32), rtol=rtol)
+    t_kiln = gpu_time(lambda: ex(a=av, b=bv), cupy, repeat)
+    t_blas = gpu_time(lambda: cupy.matmul(av, bv), cupy, repeat)
+    flops = 2 * size**3
+    print(f"matmul {size}^3 {dtype}: kiln {t_kiln * 1e3:.2f} ms, {flops / t_kiln / 1e12:.1f} TFLOP/s "
+          f"(compile {compile_s:.1f} s); cuBLAS {t_blas * 1e3:.2f} ms, {flops / t_blas / 1e12:.1f} TFLOP/s; "
+          f"kiln at {t_blas / t_kiln:.2f}x cuBLAS's speed")
+
+
+def _zoo_executor(name: str, shape: dict[str, tuple[int, ...]] | None = None) -> tuple[Any, Any, float]:
+    from kiln.relay.frontend.onnx import from_onnx
+    from kiln.testing import zoo
+
+    model = zoo.build(name)
+    start = time.perf_counter()
+    mod, params = from_onnx(model, shape=shape)
+    ex = relay.build(mod, target="cuda", params=params).create_executor()
+    return model, ex, time.perf_counter() - start
+
+
+def zoo_check(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
+    del peak_gbs
+    import onnxruntime as ort
+
+    from kiln.testing import zoo
+
+    for name in zoo.ZOO:
+        try:
+            model, ex, compile_s = _zoo_executor(name)
+            feed = zoo.inputs(model, seed=1)
+            ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+            dfeed = {k: cupy.asarray(v) for k, v in feed.items()}
+            out = ex(**dfeed)
+            outs = list(out) if isinstance(out, tuple) else [out]
+            err = max(float(np.max(np.abs(cupy.asnumpy(a).astype(np.float64) - r))) for a, r in zip(outs, ref,
+                                                                                                  strict=True))
+            t = gpu_time(lambda: ex(**dfeed), cupy, args.repeat)  # noqa: B023 (called right here)
+            print(f"zoo {name:16s} batch 1: max error vs onnxruntime CPU {err:.1e}, kiln {t * 1e3:.2f} ms "
+                  f"(compile {compile_s:.1f} s)")
+        except Exception as exc:  # one model's failure does not hide the others
+            print(f"zoo {name}: FAILED {type(exc).__name__}: {exc}")
+
+
+def _torch_times(torch: Any, net: Any, x: Any, cupy: Any, repeat: int) -> tuple[float, float]:
+    """torch eager's median seconds: fp32 with TF32 off, then with torch's defaults."""
+    defaults = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    times = []
+    with torch.no_grad():
+        for flags in ((False, False), defaults):
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
+            times.append(gpu_time(lambda: net(*x), cupy, repeat))
+    return times[0], times[1]
+
+
+def models(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
+    del peak_gbs
+    import torch
+
+    rng = np.random.default_rng(0)
+    for batch in (1, 32):
+        _, ex, compile_s = _zoo_executor("resnet50", {"input": (batch, 3, 224, 224)})
+        x = cupy.asarray(rng.standard_normal((batch, 3, 224, 224), dtype=np.float32))
+        t_kiln = gpu_time(lambda: ex(input=x), cupy, args.repeat)  # noqa: B023
+        import torchvision
+
+        net = torchvision.models.resnet50().cuda().eval()
+        fp32, default = _torch_times(torch, net, (torch.as_tensor(x, device="cuda"),), cupy, args.repeat)
+        print(f"ResNet-50 batch {batch}: kiln {t_kiln * 1e3:.2f} ms (compile {compile_s:.1f} s); torch eager fp32 "
+              f"{fp32 * 1e3:.2f} ms ({fp32 / t_kiln:.2f}x kiln's speed), torch's defaults {default * 1e3:.2f} ms "
+              f"({default / t_kiln:.2f}x)")
+    batch, seq = 8, 128
+    _, ex, compile_s = _zoo_executor("bert_base", {"input_ids": (batch, seq), "attention_mask": (batch, seq)})
+    ids = cupy.asarray(rng.integers(0, 30522, (batch, seq)))
+    mask = cupy.ones((batch, seq), dtype=cupy.int64)
+    t_kiln = gpu_time(lambda: ex(input_ids=ids, attention_mask=mask), cupy, args.repeat)
+    import transformers
+
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=768, num_attention_heads=12,
+                                     intermediate_size=3072)
+    bert = transformers.BertModel(config, add_pooling_layer=False).cuda().eval()
+    fp32, default = _torch_times(torch, bert, (torch.as_tensor(ids, device="cuda"),
+                                               torch.as_tensor(mask, device="cuda")), cupy, args.repeat)
+    print(f"BERT-base encoder (2 layers) batch {batch} x seq {seq}: kiln {t_kiln * 1e3:.2f} ms (compile "
+          f"{compile_s:.1f} s); torch eager fp32 {fp32 * 1e3:.2f} ms ({fp32 / t_kiln:.2f}x kiln's speed), "
+          f"torch's defaults {default * 1e3:.2f} ms ({default / t_kiln:.2f}x)")
+
+
+SECTIONS: dict[str, Callable[[Any, float, argparse.Namespace], None]] = {
+    "chain": chain, "matmul": matmul, "zoo": zoo_check, "models": models,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args(argv)
     try:
         import cupy
     except ImportError:
@@ -66,78 +213,14 @@ def main() -> int:
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     peak_gbs = 2 * props["memoryClockRate"] * 1e3 * props["memoryBusWidth"] / 8 / 1e9
-    target = "cuda"  # the GPU's own arch
     print(f"GPU: {name}, theoretical memory bandwidth {peak_gbs:.0f} GB/s; cupy {cupy.__version__}")
-
-    n = 1 << 26
-    x = cupy.random.standard_normal(n, dtype=cupy.float32)
-    y = cupy.empty_like(x)
-    mod = chain_kernel(n, target)
-    mod(x, y)
-    expect = 1 / (1 + cupy.exp(-(x * 2 + 1))) * cupy.tanh(x)
-    np.testing.assert_allclose(y.get(), expect.get(), rtol=1e-5, atol=1e-6)
-    fused = cupy.fuse(lambda v: 1 / (1 + cupy.exp(-(v * 2 + 1))) * cupy.tanh(v))
-    t_kiln = gpu_time(lambda: mod(x, y), cupy)
-    t_cupy = gpu_time(lambda: 1 / (1 + cupy.exp(-(x * 2 + 1))) * cupy.tanh(x), cupy)
-    t_fuse = gpu_time(lambda: fused(x), cupy)
-    gbs = 8 * n / t_kiln / 1e9
-    print(f"elementwise chain 2^26 f32: kiln {t_kiln * 1e3:.3f} ms, {gbs:.0f} GB/s ({gbs / peak_gbs:.0%} of peak); "
-          f"cupy {t_cupy * 1e3:.3f} ms ({t_cupy / t_kiln:.2f}x), cupy.fuse {t_fuse * 1e3:.3f} ms "
-          f"({t_fuse / t_kiln:.2f}x)")
-
-    size = 4096
-    a = relay.var("a", shape=(size, size))
-    b = relay.var("b", shape=(size, size))
-    start = time.perf_counter()
-    lib = relay.build(relay.Function([a, b], relay.nn.matmul(a, b)), target=target)
-    compile_s = time.perf_counter() - start
-    ex = lib.create_executor()
-    av = cupy.random.random((size, size), dtype=cupy.float32)
-    bv = cupy.random.random((size, size), dtype=cupy.float32)
-    out = ex(a=av, b=bv)
-    np.testing.assert_allclose(out.get(), cupy.matmul(av, bv).get(), rtol=1e-3)
-    t_kiln = gpu_time(lambda: ex(a=av, b=bv), cupy, repeat=5)
-    t_blas = gpu_time(lambda: cupy.matmul(av, bv), cupy, repeat=5)
-    flops = 2 * size**3
-    print(f"matmul 4096^3 f32: kiln {t_kiln * 1e3:.2f} ms, {flops / t_kiln / 1e12:.1f} TFLOP/s "
-          f"(compile {compile_s:.1f} s); cuBLAS {t_blas * 1e3:.2f} ms, {flops / t_blas / 1e12:.1f} TFLOP/s; "
-          f"ratio {t_blas / t_kiln:.2f}x")
-
-    try:
-        import torch
-    except ImportError:
-        print("torch is not installed: the CNN comparison is skipped")
-        return 0
-    func, params = models.cnn(batch=32)
-    lib = relay.build(func, target=target, params=params)
-    ex = lib.create_executor()
-    xv = cupy.random.standard_normal((32, 3, 224, 224), dtype=cupy.float32)
-    got = ex(x=xv).get()
-    np.testing.assert_allclose(got, models.cnn_numpy(xv.get(), params), rtol=1e-3, atol=1e-4)
-    t_kiln = gpu_time(lambda: ex(x=xv), cupy, repeat=10)
-    net = _torch_cnn(torch, params)
-    xt = torch.as_tensor(xv.get(), device="cuda")
-    with torch.no_grad():
-        np.testing.assert_allclose(net(xt).cpu().numpy(), got, rtol=1e-3, atol=1e-4)
-        t_torch = gpu_time(lambda: net(xt), cupy, repeat=10)
-    print(f"CNN batch 32: kiln {t_kiln * 1e3:.2f} ms, torch {t_torch * 1e3:.2f} ms ({t_torch / t_kiln:.2f}x)")
+    for section in args.sections.split(","):
+        try:
+            SECTIONS[section](cupy, peak_gbs, args)
+        except Exception:  # one section's failure does not hide the others
+            print(f"section {section}: FAILED")
+            traceback.print_exc(limit=4)
     return 0
-
-
-def _torch_cnn(torch: Any, p: dict[str, np.ndarray]) -> Callable[[Any], Any]:
-    """The demo CNN in torch, eager, on the GPU, from the same weights."""
-    t = {k: torch.as_tensor(v, device="cuda") for k, v in p.items()}
-    f = torch.nn.functional
-
-    def net(x: Any) -> Any:
-        for i in range(2):
-            x = f.conv2d(x, t[f"conv{i}_w"], padding=1)
-            x = f.batch_norm(x, t[f"bn{i}_mean"], t[f"bn{i}_var"], t[f"bn{i}_gamma"], t[f"bn{i}_beta"], eps=1e-5)
-            x = f.max_pool2d(f.relu(x), 2)
-        x = x.mean(dim=(2, 3))
-        return x @ t["fc_w"].T + t["fc_b"]
-
-    return net
 
 
 if __name__ == "__main__":

@@ -11,7 +11,11 @@ Launch shapes: the block size per axis is the largest extent of the loops
 bound to that `threadIdx` axis (a constant); the grid per axis the largest
 extent of its `blockIdx` loops, which may use symbolic sizes (`eval_int` at
 launch). A `blockIdx` loop must be outside every unbound and `threadIdx` loop
-(blocks cannot run in sequence); one axis bound twice in one nest is refused.
+(blocks cannot run in sequence); a block axis bound twice in one nest is refused.
+A `threadIdx` loop inside another loop bound to the same axis spreads its
+iterations over the same threads (TVM's cooperative fetching: the threads that
+each compute a part of a tile fill the block's shared copy together); the
+inner loop's iterations must not depend on each other.
 
 Barriers: `syncthreads()` is `Evaluate(Call("syncthreads"))`, an intrinsic that
 only this back end knows, by name (`tir.call` would refuse it: `tir.INTRINSICS`
@@ -27,7 +31,8 @@ one barrier before the refill and one before the tile is read, as in
 hand-written CUDA. The statements at block level are executed by all threads
 (`kiln.codegen.cuda` runs the ones outside some thread axis on index 0 of it,
 inside an `if` that never holds a barrier). Inside a `threadIdx` loop only an
-explicit `syncthreads()` synchronizes.
+explicit `syncthreads()` synchronizes, unless it binds threadIdx loops again
+inside (a cooperative scope): its body is synchronized as block level is.
 """
 
 from __future__ import annotations
@@ -176,10 +181,13 @@ def _sync(s: Stmt, pend: Pending) -> tuple[Stmt, Pending]:
             return IfThenElse(s.cond, then), _union(after, pend)
         other, after_other = _sync(s.else_case, pend)
         return IfThenElse(s.cond, then, other), _union(after, after_other)
-    if isinstance(s, For) and s.thread_tag.startswith("blockIdx"):  # runs once in each block
+    if isinstance(s, For) and (s.thread_tag.startswith("blockIdx") or _cooperative(s)):  # all threads run it
         body, pend = _sync(s.body, pend)
         return attrs.evolve(s, body=body), pend
     if isinstance(s, For) and s.kind is not ForKind.THREAD_BINDING:
+        if _conflict(pend, *_shared_access_frozen(s)):  # one barrier before the loop, not one per iteration
+            loop, after = _sync(s, _NONE)
+            return seq(syncthreads(), loop), after
         # an iteration starts with what was outstanding before the loop or after the previous iteration
         head = pend
         for _ in range(_MAX_FIXPOINT):
@@ -194,6 +202,17 @@ def _sync(s: Stmt, pend: Pending) -> tuple[Stmt, Pending]:
     if _conflict(pend, reads, writes):
         return seq(syncthreads(), s), (reads, writes)
     return s, _union(pend, (reads, writes))
+
+
+def _cooperative(s: For) -> bool:
+    """Whether `s` is a threadIdx loop whose body binds threadIdx loops again: a per-thread scope in which
+    the block works together (a tile filled through the same threads), so its body is synchronized inside."""
+    if not s.thread_tag.startswith("threadIdx"):
+        return False
+    found: list[bool] = []
+    post_order_visit(s.body, lambda n: found.append(True) if isinstance(n, For) and n.thread_tag.startswith(
+        "threadIdx") else None)
+    return bool(found)
 
 
 def _conflict(pend: Pending, reads: frozenset[int], writes: frozenset[tuple[int, Hashable]]) -> bool:
@@ -252,9 +271,9 @@ def scan_launch(func: str, body: Stmt) -> Launch:
                 if tag not in THREAD_TAGS:
                     raise CodegenError(f"{func}: loop {name} is bound to {tag!r}; the cuda back end knows "
                                        f"{', '.join(THREAD_TAGS)}")
-                if tag in tags:
+                if tag in tags and tag.startswith("blockIdx"):
                     raise CodegenError(f"{func}: loop {name} is bound to {tag}, inside another loop bound to "
-                                       f"{tag}; each axis can be bound once per loop nest")
+                                       f"{tag}; each block axis can be bound once per loop nest")
                 if tag.startswith("blockIdx"):
                     if blocker is not None:
                         raise CodegenError(

@@ -14,7 +14,9 @@ The steps, in order:
    shape; a stage placed with `compute_at` covers the region its readers
    touch in one iteration of the loop it is attached to (the readers' inner
    loops relaxed over their ranges; affine indices give exact regions, other
-   indices fall back to the whole extent). Its temporary is that region.
+   indices fall back to the whole extent). Its temporary is that region. A
+   "shared" stage is the whole block's: its region is also relaxed over the
+   threadIdx-bound loops around its attach point.
 4. Loop nests: each stage's leaf axes become `For`s (extents passed down the
    split/fuse relations, root indices passed back up); reductions store the
    identity before the first reduction loop and accumulate inside it;
@@ -281,6 +283,24 @@ class _Lowering:
             x = y
         return loops
 
+    def _block_threads(self, st: Stage) -> Loops:
+        """The loops around `st`'s attach point that are bound to threadIdx axes, innermost first.
+
+        A "shared" stage is one buffer for the whole block: it covers what all the
+        block's threads read, so its region is relaxed over these loops too (a
+        "local" one is per thread and is not).
+        """
+        loops: Loops = []
+        x = st
+        while x.attach_type is AttachType.SCOPE and x.attach_stage is not None and x.attach_ivar is not None:
+            y = x.attach_stage
+            for iv in reversed(y.leaf_iter_vars[:y.leaf_iter_vars.index(x.attach_ivar) + 1]):
+                attr = y.iter_attrs.get(iv)
+                if attr is not None and attr.thread_tag.startswith("threadIdx"):
+                    loops.append((iv.var, self.info[y].ext[iv]))
+            x = y
+        return loops
+
     def _root_values(self, st: Stage) -> dict[Var, PrimExpr]:
         info = self.info[st]
         return {iv.var: self.ana.simplify(info.rmin[iv] + info.offset[iv]) for iv in info.rmin}
@@ -290,10 +310,11 @@ class _Lowering:
         op = st.op
         box: list[SymInterval | None] = [None] * len(op.axis)
         unknown = [False] * len(op.axis)
+        threads = self._block_threads(st) if st.scope == "shared" else []
         for reader in info.readers:
             reads = [ld for ld in loads(self.info[reader].body) if (hit := self._stage_of_load(ld)) and hit[1] is st]
             for d, rng in enumerate(self._bounding_box(reads, len(op.axis), self._root_values(reader),
-                                                       self._loops_inside(reader, st))):
+                                                       self._loops_inside(reader, st) + threads)):
                 unknown[d] = unknown[d] or rng is None
                 box[d] = hull(self.ana, box[d], rng)
         for d, iv in enumerate(op.axis):

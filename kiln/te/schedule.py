@@ -347,21 +347,37 @@ class Schedule:
         self._ops.append(op)
         stage.op = op
 
-    def cache_read(self, tensor: Tensor, scope: str, readers: Sequence[Tensor | Stage]) -> Tensor:
+    def cache_read(self, tensor: Tensor, scope: str, readers: Sequence[Tensor | Stage],
+                   axes: Sequence[int] | None = None) -> Tensor:
         """A copy of `tensor` in `scope` that `readers` read instead of `tensor`.
+
+        Args:
+            tensor: the tensor to copy.
+            scope: "shared", "local" or "global".
+            readers: the stages (or their tensors) that read the copy.
+            axes: the copy's layout, a permutation of `tensor`'s axes (as numpy.transpose):
+                `(1, 0)` keeps a (N, K) tensor as (K, N), so that the threads reading one k
+                read neighbouring addresses. None keeps `tensor`'s layout.
 
         Returns:
             The cache tensor; its stage can be placed with `compute_at`.
         """
         name = f"{tensor.name}_{scope}"
-        cache = compute(tensor.shape, lambda *i: tensor[i], name=name)
+        ndim = len(tensor.shape)
+        perm = list(range(ndim)) if axes is None else [int(a) for a in axes]
+        if sorted(perm) != list(range(ndim)):
+            raise ScheduleError(f"cache_read of {tensor.name!r}: axes {tuple(perm)} is not a permutation of "
+                                f"its {ndim} axes")
+        inverse = [perm.index(d) for d in range(ndim)]
+        cache = compute([tensor.shape[a] for a in perm],
+                        lambda *i: tensor[tuple(i[inverse[d]] for d in range(ndim))], name=name)
         reader_stages = [r if isinstance(r, Stage) else self[r] for r in readers]
         if not reader_stages:
             raise ScheduleError(f"cache_read of {tensor.name!r}: no readers given")
         for r in reader_stages:
             if not any(t is tensor or t.op is tensor.op for t in r.op.input_tensors):
                 raise ScheduleError(f"cache_read of {tensor.name!r}: stage {r.name!r} does not read it")
-            body = _replace_tensor(r.op.body, tensor, cache)
+            body = _replace_tensor(r.op.body, tensor, cache, perm)
             self._replace_op(r, ComputeOp(r.op.name, r.op.axis, r.op.reduce_axis, body, r.op.tag, r.op.attrs))
         src = self.stage_of(tensor)
         pos = self.stages.index(src) + 1 if src is not None else min(self.stages.index(r) for r in reader_stages)
@@ -402,12 +418,14 @@ def _as_compute(op: Operation) -> ComputeOp:
     return op
 
 
-def _replace_tensor(body: PrimExpr, old: Tensor, new: Tensor) -> PrimExpr:
+def _replace_tensor(body: PrimExpr, old: Tensor, new: Tensor, perm: Sequence[int] | None = None) -> PrimExpr:
+    """`body` reading `new` where it read `old`; `new`'s axis d is `old`'s axis `perm[d]`."""
     def pre(e: PrimExpr) -> PrimExpr | None:
         if isinstance(e, BufferLoad) and isinstance(e.buffer, TensorBuffer) and e.buffer.tensor is not None:
             t = e.buffer.tensor
             if t is old or t.op is old.op:
-                return new[tuple(transform(i, pre) for i in e.indices)]
+                indices = [transform(i, pre) for i in e.indices]
+                return new[tuple(indices[a] for a in perm) if perm is not None else tuple(indices)]
         return None
 
     return transform(body, pre)

@@ -113,6 +113,35 @@ def tiled_matmul(m=64, n=48, k=40, tile=16):
     return s, [A, B, C]
 
 
+def register_tiled_matmul(m=40, n=36, k=20, tile=2, threads=4, step=4):
+    """TVM's GPU matmul: each thread accumulates a tile x tile block of C in registers (a local stage at the
+    thread loops); the shared panels are computed inside the threads' k loop and filled by the same threads."""
+    A = te.placeholder((m, k), name="A")
+    B = te.placeholder((k, n), name="B")
+    r = te.reduce_axis((0, k), name="r")
+    C = te.compute((m, n), lambda i, j: te.sum(A[i, r] * B[r, j], axis=r), name="C")
+    s = te.create_schedule([C])
+    CL = s.cache_write(C, "local")
+    bi, ri = s[C].split(s[C].op.axis[0], factor=threads * tile)
+    ti, ii = s[C].split(ri, factor=tile)
+    bj, rj = s[C].split(s[C].op.axis[1], factor=threads * tile)
+    tj, jj = s[C].split(rj, factor=tile)
+    s[C].reorder(bi, bj, ti, tj, ii, jj)
+    for axis, tag in ((bi, "blockIdx.y"), (bj, "blockIdx.x"), (ti, "threadIdx.y"), (tj, "threadIdx.x")):
+        s[C].bind(axis, te.thread_axis(tag))
+    s[CL].compute_at(s[C], tj)
+    ko, ki = s[CL].split(s[CL].op.reduce_axis[0], factor=step)
+    s[CL].reorder(ko, ki, *s[CL].op.axis)
+    for X in (A, B):
+        XS = s.cache_read(X, "shared", [CL], axes=(1, 0) if X is A else None)  # both panels k-major
+        s[XS].compute_at(s[CL], ko)
+        rest, tx = s[XS].split(s[XS].fuse(*s[XS].op.axis), factor=threads)
+        _, ty = s[XS].split(rest, factor=threads)
+        s[XS].bind(ty, te.thread_axis("threadIdx.y"))
+        s[XS].bind(tx, te.thread_axis("threadIdx.x"))
+    return s, [A, B, C]
+
+
 def kernel_text(mod: CudaModule, k: int = 0) -> str:
     src = mod.get_source("cuda")
     starts = [m.start() for m in re.finditer(r'^extern "C" __global__', src, re.MULTILINE)]
@@ -244,6 +273,18 @@ def test_serial_loop_that_refills_shared_memory_syncs_at_its_end():
     assert_cubins(text)
 
 
+def test_shared_panels_cover_the_whole_block_and_are_filled_by_the_same_threads():
+    mod = kiln.build(*register_tiled_matmul(), target=SM90)
+    text = kernel_text(mod)
+    # block tile 8 x 8 (4 x 4 threads of 2 x 2), k step 4: each panel is 4 x 8 floats, k-major
+    assert mod.kernels[0].shared_bytes == 2 * 4 * 8 * 4 and mod.kernels[0].block == (4, 4, 1)
+    assert "float C_local[4];" in text  # the register tile: one thread's 2 x 2, not the block's
+    assert text.count("(int)threadIdx.x;") == 3  # the thread loop of C and the fills of both panels
+    loop = text[text.index("for (int r_outer"):]
+    assert loop.count("__syncthreads();") == 2  # before the refill and before the tile is read
+    assert_cubins(mod.get_source("cuda"))
+
+
 def test_tiled_matmul_has_two_barriers_per_tile_even_when_partitioned():
     for k, barriers in ((40, 4), (24, 3)):  # 24: both parts of the partitioned k loop are inlined into one scope
         mod = kiln.build(*tiled_matmul(k=k), target=SM90)
@@ -261,7 +302,7 @@ def test_tiled_matmul_has_two_barriers_per_tile_even_when_partitioned():
         ("unbound", "loop i is not bound to a GPU thread on a cuda target; bind it"),
         ("symbolic_threads", "thread extents must be constants"),
         ("block_in_serial", "loop b is bound to blockIdx.x inside loop i: blocks cannot run in sequence"),
-        ("nested_axis", "loop u is bound to threadIdx.x, inside another loop bound to threadIdx.x"),
+        ("nested_axis", "loop u is bound to blockIdx.x, inside another loop bound to blockIdx.x"),
         ("too_many_threads", "2048 threads per block"),
         ("bad_tag", "loop t is bound to 'vthread'"),
         ("divergent_sync", "__syncthreads() under a condition or loop that differs between the threads"),
@@ -284,8 +325,8 @@ def test_loop_ir_the_cuda_back_end_refuses(build_body, message):
         "symbolic_threads": lambda: bound(i, n, store, "threadIdx.x"),
         "block_in_serial": lambda: tir.for_range(i, 4, bound(b, 4, tir.BufferStore(A, tir.const(1.0), (b,)),
                                                            "blockIdx.x")),
-        "nested_axis": lambda: bound(t, 4, bound(u, 4, tir.BufferStore(A, tir.const(1.0), (u,)), "threadIdx.x"),
-                                     "threadIdx.x"),
+        "nested_axis": lambda: bound(t, 4, bound(u, 4, tir.BufferStore(A, tir.const(1.0), (u,)), "blockIdx.x"),
+                                     "blockIdx.x"),
         "too_many_threads": lambda: bound(t, 64, bound(u, 32, tir.BufferStore(A, tir.const(1.0), (u,)),
                                                       "threadIdx.y"), "threadIdx.x"),
         "bad_tag": lambda: bound(t, 4, tir.BufferStore(A, tir.const(1.0), (t,)), "vthread"),
@@ -520,6 +561,17 @@ def test_tiled_matmul_matches_numpy(host_cupy):
 
 
 @needs_gxx
+def test_register_tiled_matmul_with_tails_matches_numpy(host_cupy):
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((40, 20), dtype=np.float32), rng.standard_normal((20, 36), dtype=np.float32)
+    c = np.zeros((40, 36), np.float32)
+    kiln.build(*register_tiled_matmul(), target=SM90)(a, b, c)  # 40, 36: partial blocks; 20: whole k steps
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+    a2, b2, c2 = a[:, :18].copy(), b[:18].copy(), np.zeros((40, 36), np.float32)
+    kiln.build(*register_tiled_matmul(k=18), target=SM90)(a2, b2, c2)  # 18: a partial last k step
+    np.testing.assert_allclose(c2, a2 @ b2, rtol=1e-5, atol=1e-5)
+
+
 def test_two_kernels_with_a_workspace_and_symbolic_sizes(host_cupy):
     n = te.var("n")
     s, args = two_stages(n)

@@ -25,6 +25,7 @@ from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type, dim_mul
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op import cuda_schedules
 from kiln.relay.op._nn_util import TILED_DTYPES, Array, differ, dtype_of, packable_weight, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, broadcast_dim, broadcast_shapes, same_dtype, tensor_args
@@ -522,7 +523,8 @@ def _dense_alter_llvm(attrs: DenseAttrs, args: list[Expr], arg_types: list[Type]
     .set_attr(attr.FCompute, _dense_compute)
     .set_attr(attr.FAlterOpLayout["llvm"], _dense_alter_llvm)
     .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
-                        dtypes=TILED_DTYPES, priority=10))
+                        dtypes=TILED_DTYPES, priority=10)
+    .add_implementation("tiled", _dense_compute, cuda_schedules.schedule_product, target="cuda", priority=10))
 
 
 @constructor("nn.dense")
@@ -554,7 +556,8 @@ def dense(data: Expr, weight: Expr, units: int | None = None, out_dtype: Any = N
     .set_attr(attr.FReference, _matmul_ref)
     .set_attr(attr.FCompute, _matmul_compute)
     .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
-                        dtypes=TILED_DTYPES, priority=10))
+                        dtypes=TILED_DTYPES, priority=10)
+    .add_implementation("tiled", _matmul_compute, cuda_schedules.schedule_product, target="cuda", priority=10))
 
 
 @constructor("nn.matmul")
@@ -588,7 +591,8 @@ def matmul(
     .set_attr(attr.FReference, _matmul_ref)
     .set_attr(attr.FCompute, _matmul_compute)
     .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
-                        dtypes=TILED_DTYPES, priority=10))
+                        dtypes=TILED_DTYPES, priority=10)
+    .add_implementation("tiled", _matmul_compute, cuda_schedules.schedule_product, target="cuda", priority=10))
 
 
 @constructor("nn.batch_matmul")

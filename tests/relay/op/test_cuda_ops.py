@@ -168,6 +168,10 @@ CASES: list[Case] = [
     Case("nn.dense", (f32(4, 8), f32(5, 8)), **SUMS),
     Case("nn.matmul", (f32(3, 4), f32(2, 4)), {"transpose_b": True}, **SUMS),
     Case("nn.batch_matmul", (f32(2, 3, 4), f32(2, 5, 4)), **SUMS),
+    # the shared-memory tiled products, with tails in every dim (m, n past a tile; k past a step)
+    Case("nn.dense", (f32(2, 37, 40), f32(45, 40)), **SUMS, label="tiles"),
+    Case("nn.matmul", (f32(2, 1, 21, 19), f32(3, 21, 23)), {"transpose_a": True}, **SUMS, label="tiles"),
+    Case("nn.batch_matmul", (f32(3, 35, 17), f32(1, 17, 33)), {"transpose_b": False}, **SUMS, label="tiles"),
     # convolutions and pooling
     Case("nn.conv2d", (f32(1, 3, 6, 6), f32(4, 3, 3, 3)), {"padding": 1}, rtol=1e-4, atol=1e-5),
     Case("nn.conv2d_transpose", (f32(1, 2, 4, 5), f32(2, 3, 3, 3)), {"strides": 2}, rtol=1e-4, atol=1e-5),
@@ -212,7 +216,7 @@ HOST_RUN = [
     "take", "split", "strided_slice",  # indexing
     "sum", "max", "argmax",  # reductions
     "nn.softmax", "nn.layer_norm", "nn.batch_norm",  # softmax and normalization
-    "nn.dense", "nn.batch_matmul",  # dense and matmul
+    "nn.dense", "nn.batch_matmul", "nn.dense-tiles", "nn.matmul-tiles", "nn.batch_matmul-tiles",  # products
     "nn.conv2d", "nn.conv2d_transpose",  # convolutions
     "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d",  # pooling
     "image.resize", "image.resize-cubic", "nn.pad-wrap",  # image, and pads wider than the axis
