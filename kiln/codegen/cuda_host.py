@@ -175,7 +175,10 @@ def _sync(s: Stmt, pend: Pending) -> tuple[Stmt, Pending]:
     if isinstance(s, LetStmt):
         body, pend = _sync(s.body, pend)
         return LetStmt(s.var, s.value, body), pend
-    if isinstance(s, IfThenElse):  # at block level the condition is the same for all threads of a block
+    if isinstance(s, IfThenElse):
+        if _conflict(pend, *_shared_access_frozen(s)):  # the barrier goes before it: in a cooperative scope
+            branch, after = _sync(s, _NONE)  # the condition may differ between the threads
+            return seq(syncthreads(), branch), after
         then, after = _sync(s.then_case, pend)
         if s.else_case is None:
             return IfThenElse(s.cond, then), _union(after, pend)

@@ -450,16 +450,22 @@ class _Lowering:
         stmt = inner
         for n in reversed(range(len(loops))):
             iv, v = loops[n]
+            attr = st.iter_attrs.get(iv) or IterAttr()
+            # Under a GPU thread loop the guard leaves out what is attached there: those stages are
+            # the block's work (shared tiles filled by every thread between barriers), and bound
+            # their own regions; a thread past the edge of the output must still take part.
+            threads = attr.kind is ForKind.THREAD_BINDING
+            if n in at_level and threads:
+                stmt = IfThenElse(_conj(at_level[n]), stmt)
             if attach:
                 for child in reversed(info.children.get(iv, [])):
                     child_buf = self.info[child].buffer
                     assert child_buf is not None
                     stmt = Allocate(child_buf, seq(self._emit(child), stmt))
-            if n in at_level:
+            if n in at_level and not threads:
                 stmt = IfThenElse(_conj(at_level[n]), stmt)
             if prefetch and iv in prefetch:
                 stmt = seq(*prefetch[iv], stmt)
-            attr = st.iter_attrs.get(iv) or IterAttr()
             stmt = For(v, tx.const(0), info.ext[iv], attr.kind, stmt, attr.thread_tag, dict(attr.pragmas))
         if -1 in at_level:
             stmt = IfThenElse(_conj(at_level[-1]), stmt)

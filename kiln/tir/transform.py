@@ -139,6 +139,7 @@ def loop_partition(func: PrimFunc) -> PrimFunc:
 class _Partitioner(StmtExprMutator):
     def __init__(self, analyzer: Analyzer) -> None:
         self.ana = analyzer
+        self.thread_vars: set[int] = set()  # ids of the loop vars of the enclosing GPU thread loops
 
     def visit_expr(self, e: PrimExpr) -> PrimExpr:
         return e
@@ -159,7 +160,15 @@ class _Partitioner(StmtExprMutator):
                 out.append(self.visit_for(attrs.evolve(piece, body=body)))
             return seq(*out)
         split = None if s.kind is ForKind.THREAD_BINDING else self._split_point(s)
+        if split is not None and s.kind is ForKind.UNROLLED and any(
+            id(v) in self.thread_vars for v in used_vars(split[0])
+        ):
+            # A GPU thread's tile past the edge: cut where the thread index says, the unrolled loop would
+            # get a per-thread extent and stay a loop, and a register tile indexed by it goes to memory.
+            split = None
         if split is None:
+            if s.kind is ForKind.THREAD_BINDING:
+                self.thread_vars.add(id(s.loop_var))
             with self.ana.bound_range(s.loop_var, s.min, s.extent):
                 body = self.visit_stmt(s.body)
             return s if body is s.body else attrs.evolve(s, body=body)

@@ -28,6 +28,7 @@ from kiln.ir.dtype import DataType, DTypeError
 from kiln.ir.types import ANY, AnyDim, Dim, TensorType, Type, dim_add, dim_mul
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Constant, Expr, call
+from kiln.relay.op import cuda_schedules
 from kiln.relay.op._nn_util import TILED_DTYPES, clamp, differ, dtype_of, packable_weight, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
@@ -39,7 +40,14 @@ from kiln.relay.op._schedule import (
     split_epilogue,
     vector_lanes,
 )
-from kiln.relay.op.conv_schedules import conv2d_cpu_compute, conv2d_cpu_schedule, ovec_tiles, packed_block
+from kiln.relay.op.conv_schedules import (
+    conv2d_cpu_compute,
+    conv2d_cpu_schedule,
+    ovec_tiles,
+    packed_block,
+    padded_input,
+)
+from kiln.relay.op.cuda_schedules import WINDOW
 from kiln.relay.op.indexing import strided_slice
 from kiln.relay.op.shape import reshape, transpose
 from kiln.tir import expr as tx
@@ -393,6 +401,29 @@ def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type)
     return [te.compute(shape, lambda n, y, x, o: conv(n, o, y, x), name="conv2d")]
 
 
+def _conv2d_cuda_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """On cuda, an NCHW / OIHW convolution of one group reads a padded input stage (`padded_input`, kept
+    for the schedule), so its windows are affine in the output's indices: `cuda_schedules.schedule_conv2d`
+    copies a block's window of it into shared memory. Other convolutions get the direct compute."""
+    data, weight = inputs
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or attrs.groups != 1:
+        return _conv2d_compute(attrs, inputs, out_type)
+    _, ig, kh, kw = static_kernel_dims(weight, attrs)
+    shape = static_shape(out_type)
+    dtype = dtype_of(out_type)
+    _, _, oh, ow = shape
+    pt, pl, _, _ = attrs.padding
+    (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
+    pad = padded_input(data, (pt, pl), ((oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1))
+    rc, ry, rx = te.reduce_axis((0, ig), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+
+    def conv(n: PrimExpr, o: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
+        v = pad[n, rc, y * sh + ry * dh, x * sw + rx * dw]
+        return te.sum(te.cast(v, dtype) * te.cast(weight[o, rc, ry, rx], dtype), axis=[rc, ry, rx])
+
+    return [te.compute(shape, conv, name="conv2d", attrs={WINDOW: pad})]
+
+
 def _conv2d_rows_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     """NCHW/OIHW without groups, vectorized along the output row: the input padded once into a buffer,
     then the window sum unguarded. What the "tiled" implementation falls back to where its forms do
@@ -526,7 +557,9 @@ def _conv2d_alter_llvm(attrs: Conv2DAttrs, args: list[Expr], arg_types: list[Typ
     .set_attr(attr.FCompute, _conv2d_compute)
     .set_attr(attr.FAlterOpLayout["llvm"], _conv2d_alter_llvm)
     .add_implementation("tiled", _conv2d_tiled_compute, _conv2d_tiled_schedule, target="llvm",
-                        dtypes=TILED_DTYPES, priority=10))
+                        dtypes=TILED_DTYPES, priority=10)
+    .add_implementation("tiled", _conv2d_cuda_compute, cuda_schedules.schedule_conv2d, target="cuda",
+                        priority=10))
 
 
 @constructor("nn.conv2d")

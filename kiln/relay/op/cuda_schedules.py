@@ -15,6 +15,13 @@ and bound by memory traffic for products. The schedules here are TVM's for CUDA:
   The group's elementwise epilogue (bias, activation) is applied to the
   register tile as it is written out. Tiles shrink (8 x 8, 4 x 4, 2 x 2 per
   thread) until the grid has enough blocks to fill the device.
+- **Convolutions** (`schedule_conv2d`, NCHW, one group): the same scheme with
+  output channels as rows and a block of output pixels (rows x columns of the
+  image) as columns: the reduction over (input channel, kernel row, kernel
+  column) steps through `bc` input channels at a time, staging the weights of
+  the block's channels and the input window its pixels read (the padded
+  input stage inlined into the copy). Each thread keeps `tm` channels x `tn`
+  neighbouring pixels of one row in registers.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from kiln.te.arith import free_vars, loads
 from kiln.te.tensor import TensorBuffer
 
 _THREADS = 16  # threads per block along each of the two axes of a tile
+WINDOW = "kiln.cuda_window"  # ComputeOp attr of a cuda conv2d: the padded input stage its windows read
+_SHARED_PANEL = 32 * 1024  # bytes of one staged weight panel at most (two panels fit the default 48 KiB)
 _MIN_BLOCKS = 132  # blocks that give every multiprocessor of an H100-class device one
 
 
@@ -109,6 +118,86 @@ def schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: S
         fill.compute_at(local, ko)
         flat = fill.fuse(*fill.op.axis) if len(fill.op.axis) > 1 else fill.op.axis[0]
         rest, tx = fill.split(flat, factor=_THREADS)
+        _, ty = fill.split(rest, factor=_THREADS)
+        fill.bind(ty, te.thread_axis("threadIdx.y"))
+        fill.bind(tx, te.thread_axis("threadIdx.x"))
+
+
+def _pixel_tiles(oh: int, ow: int, limit: int) -> tuple[int, int]:
+    """(tn, wx): tn neighbouring output columns per thread (at most `limit`), wx threads across a row (a
+    power of two; the other 16 / wx go down the rows): the block's pixel tile that wastes the fewest
+    pixels past the image's edges (7 x 8 columns by 2 rows for 56 x 56, 4 x 2 by 8 for 7 x 7)."""
+    def waste(tw: tuple[int, int]) -> tuple[int, int]:
+        cols, rows = tw[0] * tw[1], _THREADS // tw[1]
+        return -(-ow // cols) * cols * -(-oh // rows) * rows - oh * ow, -tw[0]
+
+    return min(((tn, wx) for tn in range(limit, 1, -1) for wx in (16, 8, 4, 2, 1)), key=waste)
+
+
+def _conv_tiles(n: int, o: int, oh: int, ow: int) -> tuple[int, int, int, int]:
+    """(tm, tn, hx, wx) of a convolution: tm channels x tn pixels per thread, the block's 16 pixel threads as
+    hx rows x wx columns; the largest tile whose grid has `_MIN_BLOCKS` blocks (or the smallest)."""
+    best = (2, 2, 8, 2)
+    for tm, limit in ((8, 8), (4, 8), (4, 4), (2, 4), (2, 2)):
+        if tm > 2 and _THREADS * tm > o:
+            continue  # a block of channels the layer does not have
+        tn, wx = _pixel_tiles(oh, ow, limit)
+        hx = _THREADS // wx
+        best = (tm, tn, hx, wx)
+        if n * -(-o // (_THREADS * tm)) * -(-oh // hx) * -(-ow // (wx * tn)) >= _MIN_BLOCKS:
+            break
+    return best
+
+
+def schedule_conv2d(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                    target: Any) -> None:
+    """Shared-memory and register tiling of an NCHW convolution (see the module docstring)."""
+    (c,) = anchor_outs
+    pad = c.op.attrs.get(WINDOW) if isinstance(c.op, te.ComputeOp) else None
+    if pad is None or static_size(c) is None:
+        schedule_cuda(sch, anchor_outs, outs, target)
+        return
+    assert isinstance(c.op, te.ComputeOp)
+    weight = next(t for t in c.op.input_tensors if t.op is not pad.op)
+    n, o, oh, ow = (int(d) for d in tensor_shape(c))
+    _, ig, kh, kw = (int(d) for d in tensor_shape(weight))
+    tm, tn, hx, wx = _conv_tiles(n, o, oh, ow)
+    bc = 16
+    while bc > 1 and (bc > ig or _THREADS * tm * bc * kh * kw * 4 > _SHARED_PANEL):
+        bc //= 2
+    tiled, comp = split_epilogue(sch, c, outs, cache=True)
+    sch[comp].set_scope("local")
+    if isinstance(pad.op, te.ComputeOp):
+        sch[pad].compute_inline()  # the window's copy into shared memory reads the input, zeros at the edge
+    stage = sch[tiled]
+    b, so, sy, sx = stage.op.axis
+    ob, orr = stage.split(so, factor=_THREADS * tm)
+    ot, oi = stage.split(orr, factor=tm)
+    yb, yt = stage.split(sy, factor=hx)
+    xb, xr = stage.split(sx, factor=wx * tn)
+    xt, xi = stage.split(xr, factor=tn)
+    stage.reorder(b, yb, xb, ob, ot, yt, xt, oi, xi)
+    stage.bind(stage.fuse(b, yb, xb), te.thread_axis("blockIdx.x"))
+    stage.bind(ob, te.thread_axis("blockIdx.y"))
+    stage.bind(ot, te.thread_axis("threadIdx.y"))
+    pixels = stage.fuse(yt, xt)
+    stage.bind(pixels, te.thread_axis("threadIdx.x"))
+    stage.unroll(oi)
+    stage.unroll(xi)
+
+    local = sch[comp]
+    local.compute_at(stage, pixels)
+    rc, ry, rx = local.op.reduce_axis
+    rco, rci = local.split(rc, factor=bc)
+    *_, lo, ly, lx = local.op.axis
+    local.reorder(rco, rci, ry, rx, lo, ly, lx)
+    for axis in (ry, rx, lo, ly, lx):
+        local.unroll(axis)
+    for operand, axes in ((pad, None), (weight, (1, 2, 3, 0))):  # weights channel-last: a thread's tm in a row
+        panel = sch.cache_read(operand, "shared", [local], axes=axes)
+        fill = sch[panel]
+        fill.compute_at(local, rco)
+        rest, tx = fill.split(fill.fuse(*fill.op.axis), factor=_THREADS)
         _, ty = fill.split(rest, factor=_THREADS)
         fill.bind(ty, te.thread_axis("threadIdx.y"))
         fill.bind(tx, te.thread_axis("threadIdx.x"))

@@ -174,6 +174,12 @@ CASES: list[Case] = [
     Case("nn.batch_matmul", (f32(3, 35, 17), f32(1, 17, 33)), {"transpose_b": False}, **SUMS, label="tiles"),
     # convolutions and pooling
     Case("nn.conv2d", (f32(1, 3, 6, 6), f32(4, 3, 3, 3)), {"padding": 1}, rtol=1e-4, atol=1e-5),
+    # the tiled convolution: channel and pixel tails, strides, a channel step with a tail, and a 1x1
+    Case("nn.conv2d", (f32(2, 19, 11, 13), f32(37, 19, 3, 3)), {"padding": (1, 2, 0, 1), "strides": (2, 1)},
+         rtol=1e-4, atol=1e-4, label="tiles"),
+    Case("nn.conv2d", (f32(1, 20, 7, 9), f32(24, 20, 1, 1)), rtol=1e-4, atol=1e-4, label="tiles-1x1"),
+    Case("nn.conv2d", (f32(1, 3, 15, 15), f32(8, 3, 5, 5)), {"padding": 2, "strides": 2, "dilation": (1, 2)},
+         rtol=1e-4, atol=1e-4, label="tiles-dilated"),
     Case("nn.conv2d_transpose", (f32(1, 2, 4, 5), f32(2, 3, 3, 3)), {"strides": 2}, rtol=1e-4, atol=1e-5),
     Case("nn.max_pool2d", (f32(1, 2, 7, 8),), {"pool_size": 3, "strides": 2, "padding": 1}),
     Case("nn.avg_pool2d", (f32(1, 2, 7, 8),), {"pool_size": 3, "strides": 2, "padding": 1,
