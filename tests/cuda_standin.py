@@ -4,7 +4,8 @@
 `FAKE_CUPY` and `CudaModule` launch its kernels on the CPU: the module's CUDA C
 source is compiled with g++ (the CUDA built-ins it uses come from
 `_HOST_PRELUDE`), and each launch runs one OS thread per CUDA thread of a block,
-the blocks one after another, `__syncthreads` a barrier across the block. So
+the blocks one after another, `__syncthreads` a barrier across the block, and
+each warp shuffle an exchange through memory between two such barriers. So
 keep the sizes tiny.
 
 Device memory is held by `HostArray`, which offers what kiln uses of a
@@ -80,6 +81,25 @@ struct __half { _Float16 v; };
 static inline __half __float2half(float f) { return __half{(_Float16)f}; }
 static inline __half __double2half(double d) { return __half{(_Float16)d}; }
 static inline float __half2float(__half h) { return (float)h.v; }
+// Warp shuffles: every thread of the block puts its value in an exchange slot, a barrier, then it reads its
+// partner's slot (a lane of its own warp), and a barrier again before the slots are reused. So every thread of
+// the block must take part, as every lane of the warp (the mask) must on a GPU; a partner past the end of the
+// block reads all-ones bytes (NaN, -1), as the undefined value it is there.
+static kiln_dim3 blockDim;
+static unsigned long long kiln_exchange[1024];
+template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  (void)mask;
+  static_assert(sizeof(T) <= sizeof(unsigned long long), "a shuffled value is at most 8 bytes");
+  int tid = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+  int threads = (int)(blockDim.x * blockDim.y * blockDim.z);
+  int src = (tid & ~31) | ((tid & 31) ^ (lane_mask & 31));
+  memcpy(&kiln_exchange[tid], &v, sizeof(T));
+  pthread_barrier_wait(&kiln_barrier);
+  T out;
+  if (src < threads) memcpy(&out, &kiln_exchange[src], sizeof(T)); else memset(&out, 0xFF, sizeof(T));
+  pthread_barrier_wait(&kiln_barrier);
+  return out;
+}
 """
 _SIGNATURE = re.compile(r'^extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\((.*)\) \{$', re.MULTILINE)
 _HOST_LIBS: dict[str, ctypes.CDLL] = {}
@@ -94,6 +114,7 @@ def _host_launcher(name: str, params: str) -> str:
 extern "C" void run_{name}(int gx, int gy, int gz, int bx, int by, int bz, void** a) {{
   for (int z = 0; z < gz; ++z) for (int y = 0; y < gy; ++y) for (int x = 0; x < gx; ++x) {{
     pthread_barrier_init(&kiln_barrier, nullptr, bx * by * bz);
+    blockDim = kiln_dim3{{(unsigned)bx, (unsigned)by, (unsigned)bz}};
     std::vector<std::thread> ts;
     for (int tz = 0; tz < bz; ++tz) for (int ty = 0; ty < by; ++ty) for (int tx = 0; tx < bx; ++tx)
       ts.emplace_back([=] {{

@@ -53,7 +53,9 @@ Numerics, and why:
 - Indices are computed in int32 where the buffer has a constant size below
   2**31 elements (an in-bounds offset then fits), else in int64.
 
-Not yet emitted: warp shuffles and vectorized (float4) loads.
+Cross-thread reductions (`kiln.warp_allreduce`) are warp shuffles, and shared
+memory across warps: `kiln.codegen.cuda_allreduce`. Not yet emitted:
+vectorized (float4) loads.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ import re
 from collections.abc import Sequence
 from contextlib import ExitStack
 
+from kiln.codegen.cuda_allreduce import emit_allreduce, scratch_bytes
 from kiln.codegen.cuda_host import (
     SYNC_NAME,
     Launch,
@@ -76,6 +79,7 @@ from kiln.codegen.jit import CodegenError
 from kiln.ir.dtype import DataType
 from kiln.runtime.cuda_module import CudaCode, KernelArg, KernelSpec
 from kiln.target import Target, TDeviceType
+from kiln.tir.allreduce import ALLREDUCE
 from kiln.tir.expr import (
     EQ,
     GE,
@@ -348,9 +352,14 @@ class _KernelWriter:
         self.divergent = 0  # > 0 inside a thread-dependent condition or loop
         self.declared: set[int] = set()  # vars defined so far
         self.uses_half = False
+        self.scratch: int | None = None  # where the all-reduces' scratch starts in shared memory
 
     def emit(self, line: str) -> None:
         self.lines.append("  " * self.depth + line)
+
+    def ctype(self, dtype: str) -> str:
+        """The C type of `dtype`."""
+        return _ctype(dtype)
 
     # -- statements ---------------------------------------------------------------------
     def stmt(self, s: Stmt, unbound: frozenset[str]) -> None:
@@ -411,6 +420,8 @@ class _KernelWriter:
                 raise CodegenError(f"{self.func}: __syncthreads() under a condition or loop that differs between "
                                    "the threads of a block would hang it; move the barrier out of it")
             self.emit("__syncthreads();")
+        elif isinstance(v, Call) and v.name == ALLREDUCE:
+            emit_allreduce(self, s)
         elif isinstance(v, Call) and v.name == "prefetch":
             return  # a CPU cache hint; GPUs keep their own (L2) policy
         else:
@@ -600,7 +611,7 @@ class _KernelWriter:
         return f"(({t})({v}))"
 
     def _call(self, e: Call) -> str:
-        if e.name in (SYNC_NAME, "prefetch"):
+        if e.name in (SYNC_NAME, "prefetch", ALLREDUCE):
             raise CodegenError(f"{self.func}: intrinsic {e.name} is a statement (Evaluate), not a value")
         args = e.args
         dt = args[0].dtype if args else e.dtype
@@ -726,6 +737,9 @@ class CodeGenCUDA:
             if buf.scope == "shared":
                 shared[id(buf)] = offset
                 offset += -(-_const_size(func, buf) * DataType.of(buf.dtype).bytes // 16) * 16
+        scratch, need = None, scratch_bytes(body, launch)  # the all-reduces' slots, after the shared buffers
+        if need:
+            scratch, offset = offset, offset + -(-need // 16) * 16
         if offset > self.max_shared:
             raise CodegenError(f"{func}: kernel {kname} needs {offset} bytes of shared memory, more than the "
                                f"target's max-shared-memory-per-block {self.max_shared}")
@@ -753,7 +767,8 @@ class CodeGenCUDA:
                 arg = writer.names.fresh(f"{name}_arg")
                 decls.append(f"long long {arg}")
                 writer.emit(f"const {_ctype(v.dtype)} {name} = ({_ctype(v.dtype)}){arg};")
-        if shared:
+        writer.scratch = scratch
+        if shared or scratch is not None:
             writer.emit("extern __shared__ __align__(16) unsigned char kiln_shared[];")
         for buf in ordered:
             writer.declare(buf)

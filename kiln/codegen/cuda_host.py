@@ -32,7 +32,9 @@ hand-written CUDA. The statements at block level are executed by all threads
 (`kiln.codegen.cuda` runs the ones outside some thread axis on index 0 of it,
 inside an `if` that never holds a barrier). Inside a `threadIdx` loop only an
 explicit `syncthreads()` synchronizes, unless it binds threadIdx loops again
-inside (a cooperative scope): its body is synchronized as block level is.
+inside (a cooperative scope): its body is synchronized as block level is. An
+all-reduce across threads (`kiln.warp_allreduce`) brings its own barriers
+around the shared scratch it uses (`kiln.codegen.cuda_allreduce`).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from kiln.ir import graph
 from kiln.runtime import linker, pool
 from kiln.runtime.module import STATUS_OK, STATUS_OUT_OF_MEMORY, on_heap
 from kiln.target import Target
+from kiln.tir.allreduce import ALLREDUCE
 from kiln.tir.expr import (
     EQ,
     GE,
@@ -630,6 +631,9 @@ class CodeGenLLVM:
             i32 = [ir.Constant(I32, v) for v in (0, 3, 1)]
             llvm_math.intrinsic(b, "llvm.prefetch.p0", ir.VoidType(), [ptr, *i32])
             return ir.Constant(I32, 0)
+        if e.name == ALLREDUCE:  # only under loops bound to GPU threads, which this back end refuses first
+            raise CodegenError(f"{e.name}: a reduction across GPU threads (a reduction axis bound to threadIdx.x) "
+                               "compiles for cuda targets only")
         dt = e.args[0].dtype
         if e.name == "pow" and is_float(dt) and isinstance(e.args[1], FloatImm) and e.args[1].value in _POW_BY_PRODUCT:
             # x**2, x**3 (GELU's tanh form), x**4 as products: llvm.pow is a scalar libm call that stops the

@@ -25,6 +25,8 @@ The steps, in order:
    of the innermost variable they depend on, and left out where the bounds
    prove them true. A `prefetch` puts, at the top of its loop's body, a loop of
    `prefetch` calls over the cache lines of the box the next iterations read.
+   A reduction with an axis bound to threadIdx.x accumulates per thread in a
+   register, then combines across the threads with `kiln.warp_allreduce`.
 5. Shared values: inlining leaves a value that several readers use as one node
    with several parents; `tir.share.bind_shared` makes each such value (and
    each expression taller than `tir.share.MAX_HEIGHT`) a `LetStmt` around the
@@ -43,6 +45,7 @@ from kiln.te.arith import SymInterval, free_vars, hull, loads, rebuild, relax, s
 from kiln.te.schedule import AttachType, Fuse, IterAttr, Schedule, ScheduleError, Split, Stage
 from kiln.te.tensor import IterKind, IterVar, PlaceholderOp, Reduce, Tensor, TensorBuffer, children
 from kiln.tir import expr as tx
+from kiln.tir.allreduce import allreduce
 from kiln.tir.expr import Buffer, BufferLoad, PrimExpr, Var
 from kiln.tir.share import bind_shared
 from kiln.tir.simplify import Analyzer, Linear
@@ -484,6 +487,9 @@ class _Lowering:
             loops = [(iv, iv.var) for iv in leaves]
             return self._nest(st, loops, BufferStore(buf, body, index), conds, attach=True, prefetch=pf)
         first = next(n for n, iv in enumerate(leaves) if iv.kind is IterKind.REDUCE)
+        if any((a := st.iter_attrs.get(iv)) is not None and a.kind is ForKind.THREAD_BINDING for iv in leaves[first:]
+               if iv.kind is IterKind.REDUCE):
+            return self._emit_across_threads(st, body, index, conds, first)
         rest_vars = {id(iv.var) for iv in leaves[first:]}
         reduce_vars = {id(iv.var) for iv in leaves if iv.kind is IterKind.REDUCE}
         common_conds = [c for c in conds if not any(id(v) in rest_vars for v in free_vars(c))]
@@ -502,6 +508,53 @@ class _Lowering:
         )
         common = [(iv, iv.var) for iv in leaves[:first]]
         return self._nest(st, common, seq(init_nest, update_nest), common_conds, attach=True, prefetch=pf)
+
+    def _emit_across_threads(self, st: Stage, body: Reduce, index: list[PrimExpr], conds: list[PrimExpr],
+                             first: int) -> Stmt:
+        """A reduction with an axis bound to threadIdx.x (`Stage.bind`): per thread, the identity in a
+        register, its part of the reduction accumulated there (the other reduction loops, serial, guarded),
+        then `kiln.warp_allreduce` across the bound threads, and the result stored: by every thread into
+        a "local" buffer (each thread then holds the value), by the first thread elsewhere.
+
+        The bound loop is the outermost of the reduction's: its iterations run at once, whatever its
+        place among the leaves (a reduction's order does not matter).
+        """
+        leaves = st.leaf_iter_vars
+        where = f"stage {st.name!r}: a reduction across threads"
+        if any(iv.kind is not IterKind.REDUCE for iv in leaves[first:]):
+            raise ScheduleError(f"{where} needs its data axes outside its reduction axes "
+                                f"(leaf axes: {', '.join(iv.name for iv in leaves)}); reorder")
+        bound = [iv for iv in leaves[first:] if (a := st.iter_attrs.get(iv)) and a.kind is ForKind.THREAD_BINDING]
+        if len(bound) > 1:
+            raise ScheduleError(f"{where} binds one reduction axis to threadIdx.x, got "
+                                f"{', '.join(iv.name for iv in bound)}")
+        (thread,) = bound
+        threads = self.info[st].ext[thread]
+        if not isinstance(threads, tx.IntImm):
+            raise ScheduleError(f"{where}: axis {thread.name!r} has extent {threads}; split by a constant first")
+        serial = [(iv, iv.var) for iv in leaves[first:] if iv is not thread]
+        rest_vars = {id(iv.var) for iv in leaves[first:]}
+        common_conds = [c for c in conds if not any(id(v) in rest_vars for v in free_vars(c))]
+        rest_conds = [c for c in conds if any(id(v) in rest_vars for v in free_vars(c))]
+        buf = self.info[st].buffer
+        assert buf is not None
+        acc = tir_buffer(f"{st.name}_acc", [1], body.dtype, "local")
+        update: Stmt = BufferStore(acc, body.combiner.combine(acc.load(0), body.source), [0])
+        if not (isinstance(body.condition, tx.IntImm) and body.condition.value):
+            update = IfThenElse(body.condition, update)
+        # the guards of the serial loops, and those of the thread alone, stay around the update: every thread
+        # takes part in the all-reduce
+        store: Stmt = BufferStore(buf, acc.load(0), index)
+        if buf.scope != "local":
+            store = IfThenElse(tx.eq(thread.var, 0), store)
+        per_thread = Allocate(acc, seq(
+            BufferStore(acc, body.combiner.identity(body.dtype), [0]),
+            self._nest(st, serial, update, rest_conds, attach=True),
+            allreduce(acc.load(0), body.combiner.combine, int(threads.value)),
+            store,
+        ))
+        across = self._nest(st, [(thread, thread.var)], per_thread, [], attach=True)
+        return self._nest(st, [(iv, iv.var) for iv in leaves[:first]], across, common_conds, attach=True)
 
     def run(self) -> PrimFunc:
         live = self._prepare()

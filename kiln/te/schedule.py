@@ -238,10 +238,21 @@ class Stage:
         self._set_kind(iv, ForKind.UNROLLED, "unroll")
 
     def bind(self, iv: IterVar, thread_ivar: IterVar) -> None:
-        """Binds the loop of `iv` to a GPU thread axis made by `te.thread_axis`."""
+        """Binds the loop of `iv` to a GPU thread axis made by `te.thread_axis`.
+
+        A reduction axis (split first: its inner part) may be bound to threadIdx.x: a cross-thread
+        reduction. Each thread accumulates its part, then the threads combine their results (an
+        all-reduce, `kiln.tir.allreduce`), and every one of them holds the stage's value. Only
+        threadIdx.x: its consecutive threads are the lanes of a warp, which the all-reduce
+        combines with shuffles. The stage's data axes must stay outside its reduction axes.
+        """
         if not isinstance(thread_ivar, IterVar) or thread_ivar.kind is not IterKind.THREAD:
             raise ScheduleError(f"bind on stage {self.name!r}: expected a te.thread_axis, got {thread_ivar!r}")
-        self._no_reduce(iv, "bind")
+        if iv.kind is IterKind.REDUCE and thread_ivar.thread_tag != "threadIdx.x":
+            raise ScheduleError(
+                f"bind on stage {self.name!r}: reduction axis {iv.name!r} can be bound to threadIdx.x only "
+                f"(a cross-thread reduction over the lanes of warps), not {thread_ivar.thread_tag}"
+            )
         self._set_kind(iv, ForKind.THREAD_BINDING, "bind", thread_ivar.thread_tag)
 
     def pragma(self, iv: IterVar, key: str, value: Any = None) -> None:

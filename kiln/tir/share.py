@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from kiln.ir import graph
+from kiln.tir.allreduce import ALLREDUCE
 from kiln.tir.expr import (
     BinaryOp,
     BufferLoad,
@@ -213,8 +214,9 @@ def _bind_one(s: Stmt, subs: list[Stmt]) -> Stmt:
     if isinstance(s, BufferStore):
         n = len(s.indices)
         return _bind_stmt(s, lambda v: BufferStore(s.buffer, v[n], v[:n]), [*s.indices, s.value])
-    if isinstance(s, Evaluate) and not (isinstance(s.value, Call) and s.value.name == "prefetch"):
-        # (a prefetch's load is an address, never performed: it must stay inside the call)
+    if isinstance(s, Evaluate) and not (isinstance(s.value, Call) and s.value.name in ("prefetch", ALLREDUCE)):
+        # (a prefetch's load is an address, never performed: it must stay inside the call; an all-reduce's
+        # combiner uses variables bound only inside it)
         return _bind_stmt(s, lambda v: Evaluate(v[0]), [s.value])
     return s
 

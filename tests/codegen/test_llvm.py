@@ -15,6 +15,7 @@ from kiln.codegen.llvm import emit_llvm_ir
 from kiln.runtime import linker, pool
 from kiln.runtime.module import KernelMemoryError
 from kiln.target import Target
+from kiln.tir.allreduce import allreduce
 
 
 @pytest.fixture(autouse=True)
@@ -421,6 +422,15 @@ def test_gpu_loop_on_llvm_target_is_an_error():
                    "threadIdx.x")
     with pytest.raises(jit.CodegenError, match=r"bound to threadIdx\.x"):
         kiln.build(tir.PrimFunc("gpu", [A], loop))
+
+
+def test_an_all_reduce_across_gpu_threads_on_llvm_is_an_error():
+    A = tir.buffer("A", (4,))
+    acc = tir.buffer("acc", (1,), scope="local")
+    body = tir.Allocate(acc, tir.seq(tir.BufferStore(acc, A.load(0), (0,)), allreduce(acc.load(0), tir.max_, 32),
+                                     tir.BufferStore(A, acc.load(0), (0,))))
+    with pytest.raises(jit.CodegenError, match="a reduction across GPU threads .* compiles for cuda targets only"):
+        kiln.build(tir.PrimFunc("red", [A], body))
 
 
 def test_unsupported_dtype_is_an_error():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tir_interp
@@ -9,6 +11,7 @@ from te_helpers import loops, rand, run
 
 from kiln import te, tir
 from kiln.errors import KilnError
+from kiln.tir import allreduce
 
 # ---------------------------------------------------------------------------
 # Building tensors
@@ -241,3 +244,104 @@ def test_lowered_function_params_follow_args_order() -> None:
     c = np.zeros(4, "float32")
     tir_interp.run(func, c, b, a)
     np.testing.assert_allclose(c, a - b)
+
+
+# ---------------------------------------------------------------------------
+# Reductions across GPU threads (a reduction axis bound to threadIdx.x)
+# ---------------------------------------------------------------------------
+
+
+def row_sum_across(rows: int = 6, n: int = 70, threads: int = 32, scope: str = "global"
+                   ) -> tuple[te.Schedule, list[te.Tensor], te.Tensor]:
+    """S[i] = sum over k of X[i, k], a row a block, k split by `threads` and its inner part on threadIdx.x;
+    with scope "local", S is a per-thread stage computed at the row of a consumer T = S * 2."""
+    X = te.placeholder((rows, n), name="X")
+    k = te.reduce_axis((0, n), name="k")
+    S = te.compute((rows,), lambda i: te.sum(X[i, k], axis=k), name="S")
+    out = S if scope == "global" else te.compute((rows,), lambda i: S[i] * 2.0, name="T")
+    s = te.create_schedule([out])
+    s[out].bind(out.op.axis[0], te.thread_axis("blockIdx.x"))
+    if scope != "global":
+        s[S].compute_at(s[out], out.op.axis[0])
+        s[S].set_scope(scope)
+    _, ki = s[S].split(k, factor=threads)
+    s[S].bind(ki, te.thread_axis("threadIdx.x"))
+    return s, [X, out], S
+
+
+def test_a_reduction_across_threads_accumulates_in_a_register_then_all_reduces() -> None:
+    s, args, _ = row_sum_across()
+    text = str(te.lower(s, args))
+    lines = [line.strip() for line in text.splitlines()]
+    start = lines.index("for k_inner in range(32):  # bound to threadIdx.x")
+    assert lines[start:] == [
+        "for k_inner in range(32):  # bound to threadIdx.x",
+        "S_acc = allocate((1), float32, 'local')",
+        "S_acc[0] = 0.0",
+        "for k_outer in range(3):",  # the serial part, inside the thread loop, its tail guarded
+        "if k_outer * 32 + k_inner < 70:",
+        "S_acc[0] = S_acc[0] + X[i, k_outer * 32 + k_inner]",
+        "kiln.warp_allreduce<int32>(S_acc[0], red_a + red_b, red_a, red_b, 32)",  # every thread takes part
+        "if k_inner == 0:",  # one thread stores a global result
+        "S[i] = S_acc[0]",
+    ]
+
+
+def test_a_local_result_across_threads_is_stored_by_every_thread() -> None:
+    s, args, _ = row_sum_across(scope="local")
+    func = te.lower(s, args)
+    text = str(func)
+    assert re.search(r"\n +S\[\w+\] = S_acc\[0\]\n", text) and "if k_inner == 0" not in text
+    assert text.index("kiln.warp_allreduce") < text.index("T[i] = S[0] * 2.0")
+    (red,) = [n for n in _stmts(func.body) if allreduce.as_allreduce(n) is not None]
+    parts = allreduce.as_allreduce(red)
+    assert parts is not None and parts.threads == 32 and parts.acc.buffer.scope == "local"
+
+
+def test_the_all_reduce_takes_the_reducers_combiner() -> None:
+    X = te.placeholder((4, 40), name="X")
+    k = te.reduce_axis((0, 40), name="k")
+    M = te.compute((4,), lambda i: te.max(X[i, k], axis=k), name="M")
+    s = te.create_schedule([M])
+    s[M].bind(M.op.axis[0], te.thread_axis("blockIdx.x"))
+    s[M].bind(s[M].split(k, factor=8)[1], te.thread_axis("threadIdx.x"))
+    text = str(te.lower(s, [X, M]))
+    assert "M_acc[0] = -inf" in text and "kiln.warp_allreduce<int32>(M_acc[0], max(red_a, red_b)" in text
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ("data_inside", "needs its data axes outside its reduction axes"),
+        ("two_bound", "binds one reduction axis to threadIdx.x, got"),
+    ],
+)
+def test_a_reduction_across_threads_refuses_what_it_cannot_lower(schedule: str, message: str) -> None:
+    X = te.placeholder((4, 6, 64), name="X")
+    k1, k2 = te.reduce_axis((0, 6), name="k1"), te.reduce_axis((0, 64), name="k2")
+    S = te.compute((4, 6), lambda i, j: te.sum(X[i + j - j, k1, k2], axis=[k1, k2]), name="S")
+    s = te.create_schedule([S])
+    _, j = S.op.axis
+    s[S].bind(s[S].split(k2, factor=32)[1], te.thread_axis("threadIdx.x"))
+    if schedule == "data_inside":
+        s[S].reorder(k1, j)
+    else:
+        s[S].bind(k1, te.thread_axis("threadIdx.x"))
+    with pytest.raises(te.ScheduleError, match=message):
+        te.lower(s, [X, S])
+
+
+def _stmts(s: tir.Stmt) -> list[tir.Stmt]:
+    """Every statement under `s`, in pre-order."""
+    out: list[tir.Stmt] = []
+    stack = [s]
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        if isinstance(x, tir.SeqStmt):
+            stack.extend(reversed(x.stmts))
+        elif isinstance(x, (tir.For, tir.Allocate, tir.LetStmt)):
+            stack.append(x.body)
+        elif isinstance(x, tir.IfThenElse):
+            stack.extend(y for y in (x.else_case, x.then_case) if y is not None)
+    return out

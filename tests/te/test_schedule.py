@@ -280,6 +280,17 @@ def test_bind_makes_thread_binding_loops() -> None:
     check_add(func, 256)
 
 
+def test_a_reduction_axis_binds_to_threadidx_x_only() -> None:
+    _, _, C, k = matmul()
+    s = te.create_schedule(C)
+    ko, ki = s[C].split(k, factor=4)
+    s[C].bind(ki, te.thread_axis("threadIdx.x"))  # a reduction across the threads of a warp
+    assert s[C].iter_attrs[ki].kind is tir.ForKind.THREAD_BINDING
+    for tag in ("threadIdx.y", "blockIdx.x"):
+        with pytest.raises(te.ScheduleError, match=f"reduction axis 'k_outer' can be bound to threadIdx.x only.*{tag}"):
+            s[C].bind(ko, te.thread_axis(tag))
+
+
 def test_bind_needs_a_thread_axis() -> None:
     _A, _B, C = vector_add(8)
     s = te.create_schedule(C)

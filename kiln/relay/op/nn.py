@@ -56,6 +56,7 @@ from kiln.relay.op._schedule import KEEP, vector_lanes
 from kiln.relay.op.conv import Conv2DAttrs as Conv2DAttrs
 from kiln.relay.op.conv import Conv2DTransposeAttrs as Conv2DTransposeAttrs
 from kiln.relay.op.conv import conv2d, conv2d_transpose  # the convolution family belongs to relay.nn, as in TVM
+from kiln.relay.op.cuda_reduce import ROW_REDUCE, schedule_rows_cuda
 from kiln.relay.op.matmul import BatchMatmulAttrs as BatchMatmulAttrs
 from kiln.relay.op.matmul import DenseAttrs as DenseAttrs
 from kiln.relay.op.matmul import MatmulAttrs as MatmulAttrs
@@ -402,6 +403,44 @@ def _softmax_rows_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor],
     return compute
 
 
+def _softmax_cuda_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor], Type], list[te.Tensor]]:
+    """Softmax along the last axis for `cuda_reduce.schedule_rows_cuda`, which spreads each row over a warp
+    (or a block) and computes all of it in one kernel: per row the maximum, then the sum of exp(x - max),
+    each accumulated per thread and combined across the row's threads; then exp(x - max) * (1 / sum), or
+    x - max - log(sum), written by the same threads. The llvm rows compute's arithmetic: float16 in
+    float32, one division a row (its reciprocal is the same for every element, and the compiler computes
+    it once a thread). The maximum is te.max, NaN-propagating, so that every thread of a row combines to
+    the same value whatever the order. Another axis, or an empty tensor, gets the generic compute.
+    """
+    generic = _softmax_compute(log)
+
+    def compute(attrs: SoftmaxAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+        (x,) = inputs
+        shape = static_shape(out_type)
+        if attrs.axis % len(shape) != len(shape) - 1 or 0 in shape:
+            return generic(attrs, inputs, out_type)
+        *dims, n = shape
+        acc, dtype = accumulator(x.dtype), x.dtype  # float16 in float32
+        k, k2 = te.reduce_axis((0, n), name="k"), te.reduce_axis((0, n), name="k2")
+
+        def at(j: tuple[PrimExpr, ...], k: PrimExpr) -> PrimExpr:
+            index = (*j, k)
+            return te.cast(x[index], acc)
+
+        peak = te.compute(dims, lambda *j: te.max(at(j, k), axis=k), name="softmax_max")
+        total = te.compute(dims, lambda *j: te.sum(te.exp(at(j, k2) - peak[j]), axis=k2), name="softmax_sum")
+
+        def element(*i: PrimExpr) -> PrimExpr:
+            j = i[:-1]
+            shifted = te.cast(x[i], acc) - peak[j]
+            out = shifted - te.log(total[j]) if log else te.exp(shifted) * (te.const(1, acc) / total[j])
+            return te.cast(out, dtype)
+
+        return [te.compute(shape, element, name="log_softmax" if log else "softmax", attrs={ROW_REDUCE: True})]
+
+    return compute
+
+
 for _name, _doc, _ref, _log in [
     ("nn.softmax", "exp(x) / sum(exp(x)) along axis", _softmax_ref, False),
     ("nn.log_softmax", "x - log(sum(exp(x))) along axis", _log_softmax_ref, True),
@@ -415,6 +454,8 @@ for _name, _doc, _ref, _log in [
         .set_attr(attr.FReference, _ref)
         .set_attr(attr.FCompute, _softmax_compute(_log))
         .add_implementation("rows", _softmax_rows_compute(_log), schedule_rows, target="llvm",
+                            dtypes=("float16", "float32", "float64"), priority=10)
+        .add_implementation("rows", _softmax_cuda_compute(_log), schedule_rows_cuda, target="cuda",
                             dtypes=("float16", "float32", "float64"), priority=10))
 
 

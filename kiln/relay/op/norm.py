@@ -2,7 +2,8 @@
 
 Each op is declared in one `register_op` chain (description, arguments, attrs,
 relation, pattern, numpy reference, compute; layer_norm also its llvm "rows"
-implementation, built on `kiln.relay.op._rows`) after the functions it names; its
+implementation, built on `kiln.relay.op._rows`, and its cuda "rows" one, scheduled
+by `kiln.relay.op.cuda_reduce`) after the functions it names; its
 Python constructor follows, checked against it (`@constructor`). The
 constructors are re-exported by `kiln.relay.op.nn`, so users write
 `relay.nn.batch_norm(...)` as in TVM.
@@ -36,6 +37,7 @@ from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
 from kiln.relay.op._rows import ROWS, add, flat, row_reduce, schedule_rows, unflat
 from kiln.relay.op._schedule import KEEP, vector_lanes
+from kiln.relay.op.cuda_reduce import ROW_REDUCE, schedule_rows_cuda
 from kiln.tir.expr import PrimExpr
 
 # --- nn.batch_norm, nn.layer_norm -----------------------------------------------------------------
@@ -261,6 +263,49 @@ def _layer_norm_rows_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out
     return [te.compute(shape, normalize, name="layer_norm", attrs={ROWS: lanes})]
 
 
+def _layer_norm_cuda_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """Layer norm along the last axis for `cuda_reduce.schedule_rows_cuda`, which spreads each row over a
+    warp (or a block) and computes all of it in one kernel: per row the sum, then the sum of squared
+    deviations from the mean (two passes, as the reference), each accumulated per thread and combined
+    across the row's threads; then (x - mean) * (1 / sqrt(var + eps)) * gamma + beta, written by the same
+    threads. The llvm rows compute's arithmetic: float16 in float32, one division and square root a row
+    (the same for every element: the compiler computes them once a thread). Another axis, or an empty
+    tensor, gets the generic compute.
+    """
+    x, gamma, beta = inputs
+    shape = static_shape(out_type)
+    if attrs.axis % len(shape) != len(shape) - 1 or 0 in shape:
+        return _layer_norm_compute(attrs, inputs, out_type)
+    *dims, n = shape
+    acc, dtype = accumulator(x.dtype), x.dtype
+    count = te.const(n, acc)
+    k, k2 = te.reduce_axis((0, n), name="k"), te.reduce_axis((0, n), name="k2")
+
+    def at(j: tuple[PrimExpr, ...], k: PrimExpr) -> PrimExpr:
+        index = (*j, k)
+        return te.cast(x[index], acc)
+
+    total = te.compute(dims, lambda *j: te.sum(at(j, k), axis=k), name="layer_norm_sum")
+
+    def squares(*j: PrimExpr) -> PrimExpr:
+        d = at(j, k2) - total[j] / count
+        return te.sum(d * d, axis=k2)
+
+    sq = te.compute(dims, squares, name="layer_norm_sq")
+
+    def normalize(*i: PrimExpr) -> PrimExpr:
+        j = i[:-1]
+        inv_std = te.const(1, acc) / te.sqrt(sq[j] / count + te.const(attrs.epsilon, acc))
+        out = (te.cast(x[i], acc) - total[j] / count) * inv_std
+        if attrs.scale:
+            out = out * te.cast(gamma[i[-1]], acc)
+        if attrs.center:
+            out = out + te.cast(beta[i[-1]], acc)
+        return te.cast(out, dtype)
+
+    return [te.compute(shape, normalize, name="layer_norm", attrs={ROW_REDUCE: True})]
+
+
 # COMM_REDUCE, not OPAQUE: FuseOps then fuses an elementwise producer that only the layer norm reads
 # (the residual add x + attn where no dense epilogue took it) into its kernel, inlined into the reads
 # of x. A reduction never fuses with its consumers, so nothing after it is recomputed per pass.
@@ -276,6 +321,8 @@ def _layer_norm_rows_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out
     .set_attr(attr.FReference, _layer_norm_ref)
     .set_attr(attr.FCompute, _layer_norm_compute)
     .add_implementation("rows", _layer_norm_rows_compute, schedule_rows, target="llvm",
+                        dtypes=("float16", "float32", "float64"), priority=10)
+    .add_implementation("rows", _layer_norm_cuda_compute, schedule_rows_cuda, target="cuda",
                         dtypes=("float16", "float32", "float64"), priority=10))
 
 

@@ -12,6 +12,7 @@ checked against it (`@constructor`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -27,6 +28,7 @@ from kiln.relay.op._nn_util import accumulator
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
 from kiln.relay.op._schedule import schedule_reduce
+from kiln.relay.op.cuda_reduce import ROW_REDUCE, schedule_rows_cuda
 from kiln.target import Target
 from kiln.te.ops import Reducer
 from kiln.tir import expr as tx
@@ -202,9 +204,11 @@ def _input_index(
 
 
 def _reduce(
-    x: te.Tensor, attrs: AnyReduceAttrs, shape: Sequence[int], kind: str, dtype: str, name: str
+    x: te.Tensor, attrs: AnyReduceAttrs, shape: Sequence[int], kind: str, dtype: str, name: str,
+    mark: dict[str, Any] | None = None,
 ) -> te.Tensor:
-    """`x` reduced by reducer `kind` over the axes `attrs` names, its elements first cast to `dtype`."""
+    """`x` reduced by reducer `kind` over the axes `attrs` names, its elements first cast to `dtype`; `mark`
+    becomes the compute's attrs."""
     axes = reduce_axes(x.ndim, attrs.axis, attrs.exclude)
     rvs = [te.reduce_axis((0, x.shape[a]), name=f"k{a}") for a in axes]
     reducer = _reducer(kind, dtype)
@@ -213,7 +217,16 @@ def _reduce(
         value = te.cast(x[_input_index(x.ndim, axes, attrs.keepdims, out_index, rvs)], dtype)
         return reducer(value, axis=rvs) if rvs else value
 
-    return te.compute(tuple(shape), element, name=name)
+    return te.compute(tuple(shape), element, name=name, attrs=mark)
+
+
+def _cuda_mark(x: te.Tensor, attrs: AnyReduceAttrs, cuda: bool) -> dict[str, Any] | None:
+    """For the cuda "rows" implementation: the output's mark for `schedule_rows_cuda`, which says whether
+    each output's elements are contiguous in `x` (the reduced axes are its last ones)."""
+    if not cuda:
+        return None
+    axes = reduce_axes(x.ndim, attrs.axis, attrs.exclude)
+    return {ROW_REDUCE: axes == list(range(x.ndim - len(axes), x.ndim))}
 
 
 def _schedule_two_stage(
@@ -240,42 +253,55 @@ def _reduce_reference(fn: Callable[..., Any]) -> Callable[[ReduceAttrs, Array], 
     return reference
 
 
-def _reduce_compute(kind: str) -> Callable[[ReduceAttrs, list[te.Tensor], TensorType], list[te.Tensor]]:
+def _reduce_compute(
+    kind: str, cuda: bool = False
+) -> Callable[[ReduceAttrs, list[te.Tensor], TensorType], list[te.Tensor]]:
+    """The compute of reduction `kind`; with `cuda`, its output marked for `schedule_rows_cuda`."""
+
     def compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
         (x,) = inputs
         shape = _static(out_type)
+        mark = _cuda_mark(x, attrs, cuda)
         if kind in ("sum", "prod") and tx.is_float(x.dtype) and accumulator(x.dtype) != x.dtype:
             total = _reduce(x, attrs, shape, kind, accumulator(x.dtype), f"T_{kind}_acc")
-            return [te.compute(shape, lambda *i: te.cast(total[i], x.dtype), name=f"T_{kind}")]
-        return [_reduce(x, attrs, shape, kind, x.dtype, f"T_{kind}")]
+            return [te.compute(shape, lambda *i: te.cast(total[i], x.dtype), name=f"T_{kind}", attrs=mark)]
+        return [_reduce(x, attrs, shape, kind, x.dtype, f"T_{kind}", mark)]
 
-    compute.__name__ = compute.__qualname__ = f"{kind}_compute"
+    compute.__name__ = compute.__qualname__ = f"{kind}_{'cuda_' if cuda else ''}compute"
     return compute
 
 
-def _mean_compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
+def _mean_compute(cuda: bool = False) -> Callable[[ReduceAttrs, list[te.Tensor], TensorType], list[te.Tensor]]:
     """The sum, then divided by the count: of floats in their dtype (float32 for narrower ones); of
-    integers summed in int64 and divided truncating (the reference truncates the exact mean toward zero)."""
-    (x,) = inputs
-    shape, dtype = _static(out_type), x.dtype
-    count = int(np.prod([_extent(x.shape[a]) for a in reduce_axes(x.ndim, attrs.axis, attrs.exclude)]))
-    acc = accumulator(dtype)
-    total = _reduce(x, attrs, shape, "sum", acc, "T_mean_sum")
-    n = tx.const(count, acc)
-    return [te.compute(shape, lambda *i: te.cast(total[i] / n, dtype), name="T_mean")]
+    integers summed in int64 and divided truncating (the reference truncates the exact mean toward zero).
+    With `cuda`, the output is marked for `schedule_rows_cuda`."""
+
+    def compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
+        (x,) = inputs
+        shape, dtype = _static(out_type), x.dtype
+        count = int(np.prod([_extent(x.shape[a]) for a in reduce_axes(x.ndim, attrs.axis, attrs.exclude)]))
+        acc = accumulator(dtype)
+        total = _reduce(x, attrs, shape, "sum", acc, "T_mean_sum")
+        n = tx.const(count, acc)
+        return [te.compute(shape, lambda *i: te.cast(total[i] / n, dtype), name="T_mean",
+                           attrs=_cuda_mark(x, attrs, cuda))]
+
+    compute.__name__ = compute.__qualname__ = f"mean_{'cuda_' if cuda else ''}compute"
+    return compute
 
 
 _REDUCE: list[tuple[str, str, Callable[..., Any], bool, bool, Callable[..., Any], Callable[..., None] | None]] = [
-    # name, description, numpy function, numeric only, refuses empty axes, compute, CPU schedule (None: the
-    # pattern's); sum and prod of narrow floats in two stages: the float32 sum, then the cast
-    ("sum", "the sum of the elements over the given axes", np.sum, True, False, _reduce_compute("sum"),
+    # name, description, numpy function, numeric only, refuses empty axes, compute (given whether it is the
+    # cuda one), CPU schedule (None: the pattern's); sum and prod of narrow floats in two stages: the float32
+    # sum, then the cast
+    ("sum", "the sum of the elements over the given axes", np.sum, True, False, partial(_reduce_compute, "sum"),
      _schedule_two_stage),
     ("mean", "the mean of the elements over the given axes", np.mean, True, False, _mean_compute,
      _schedule_two_stage),
-    ("max", "the largest element over the given axes", np.max, False, True, _reduce_compute("max"), None),
-    ("min", "the smallest element over the given axes", np.min, False, True, _reduce_compute("min"), None),
-    ("prod", "the product of the elements over the given axes", np.prod, True, False, _reduce_compute("prod"),
-     _schedule_two_stage),
+    ("max", "the largest element over the given axes", np.max, False, True, partial(_reduce_compute, "max"), None),
+    ("min", "the smallest element over the given axes", np.min, False, True, partial(_reduce_compute, "min"), None),
+    ("prod", "the product of the elements over the given axes", np.prod, True, False,
+     partial(_reduce_compute, "prod"), _schedule_two_stage),
 ]
 
 for _name, _doc, _fn, _numeric, _nonempty, _compute, _schedule in _REDUCE:
@@ -288,7 +314,8 @@ for _name, _doc, _fn, _numeric, _nonempty, _compute, _schedule in _REDUCE:
         .set_support_level(_LEVEL)
         .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
         .set_attr(attr.FReference, _reduce_reference(_fn))
-        .set_attr(attr.FCompute, _compute)
+        .set_attr(attr.FCompute, _compute())
+        .add_implementation("rows", _compute(cuda=True), schedule_rows_cuda, target="cuda", priority=10)
     )
     if _schedule is not None:  # max and min: the pattern's schedule
         _entry.set_attr(attr.FSchedule["llvm"], _schedule)
@@ -342,9 +369,13 @@ def _arg_reference(fn: Callable[..., Any]) -> Callable[[ArgReduceAttrs, Array], 
     return reference
 
 
-def _arg_compute(kind: str) -> Callable[[ArgReduceAttrs, list[te.Tensor], TensorType], list[te.Tensor]]:
+def _arg_compute(
+    kind: str, cuda: bool = False
+) -> Callable[[ArgReduceAttrs, list[te.Tensor], TensorType], list[te.Tensor]]:
     """argmax (`kind` "max") or argmin ("min"): the extreme value first, then the first (or last) index
-    holding it, or holding a NaN, as numpy's NaN is the extreme. All axes give the row-major flat index."""
+    holding it, or holding a NaN, as numpy's NaN is the extreme. All axes give the row-major flat index.
+    With `cuda`, the output is marked for `schedule_rows_cuda` (both reductions across a row's threads:
+    the extreme, then the smallest or largest index holding it; neither depends on the order)."""
 
     def compute(attrs: ArgReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
         (x,) = inputs
@@ -368,9 +399,9 @@ def _arg_compute(kind: str) -> Callable[[ArgReduceAttrs, list[te.Tensor], Tensor
                 return te.max(tx.select(hit, flat, -1), axis=rvs)
             return te.min(tx.select(hit, flat, int(np.prod(extents))), axis=rvs)
 
-        return [te.compute(shape, element, name=f"T_arg{kind}")]
+        return [te.compute(shape, element, name=f"T_arg{kind}", attrs=_cuda_mark(x, attrs, cuda))]
 
-    compute.__name__ = compute.__qualname__ = f"arg{kind}_compute"
+    compute.__name__ = compute.__qualname__ = f"arg{kind}_{'cuda_' if cuda else ''}compute"
     return compute
 
 
@@ -388,6 +419,7 @@ for _name, _doc, _fn, _kind in [
         .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
         .set_attr(attr.FReference, _arg_reference(_fn))
         .set_attr(attr.FCompute, _arg_compute(_kind))
+        .add_implementation("rows", _arg_compute(_kind, cuda=True), schedule_rows_cuda, target="cuda", priority=10)
         .set_attr(attr.FSchedule["llvm"], _schedule_two_stage)
     )
 

@@ -199,6 +199,7 @@ CASES: list[Case] = [
     Case("nn.dense", (f16(4, 8), f16(5, 8)), **HALF_SUMS),
     Case("nn.dense", (ints(4, 8, dtype="int8"), ints(5, 8, dtype="int8")), {"out_dtype": "int32"}, label="int8"),
     Case("add", (ints(2, 3, dtype="int64"), ints(3, dtype="int64")), label="int64"),
+    Case("add", (f32(5, 1001), f32(1001)), label="4-per-thread"),  # 4 elements a thread, a partial last block
     # image (appended last, so that the cases above keep their random inputs)
     Case("image.resize", (f32(1, 2, 4, 5),), {"size": (7, 3), "axes": (2, 3), "method": "linear",
                                               "coordinate_transformation_mode": "align_corners"}),
@@ -212,21 +213,54 @@ CASES: list[Case] = [
     Case("image.resize", (f16(1, 2, 3, 4),), {"size": (5, 7), "axes": (2, 3), "method": "linear"}, **HALF),
     Case("nn.pad", (f32(3, 4), scalar(1.5)), {"pad_width": ((5, 2), (1, 6)), "pad_mode": "wrap"}, label="wrap"),
 ]
+# Rows spread over threads (relay/op/cuda_reduce.py; appended, so the cases above keep their inputs): rows
+# shorter than a warp (several cases above too), a warp, not a multiple of 32, past a warp (the warps of a block
+# combine through shared memory), several rows a block (6 rows of 8 lanes: 48 threads, the second warp
+# partial), a prime number of rows, strided rows, a whole tensor, other dtypes.
+ROW_CASES: list[Case] = [
+    Case("sum", (f32(4, 32),), {"axis": -1}, **SUMS, label="warp"),
+    Case("sum", (f32(2, 3, 70),), {"axis": (1, 2), "keepdims": True}, **SUMS, label="two-axes"),
+    Case("sum", (f32(130, 3),), {"axis": 0}, **SUMS, label="strided"),
+    Case("sum", (f32(40, 50),), rtol=1e-4, atol=1e-4, label="all"),
+    Case("sum", (ints(3, 50),), {"axis": -1}, label="int32"),
+    Case("mean", (f32(6, 7),), {"axis": -1}, **SUMS, label="rows"),
+    Case("mean", (f16(3, 200),), {"axis": 1, "keepdims": True}, **HALF_SUMS),
+    Case("max", (f32(5, 1000),), {"axis": 1}, label="block"),
+    Case("max", (f16(4, 40),), {"axis": -1}, **{**HALF, "label": "float16-rows"}),
+    Case("max", (bools(3, 40),), {"axis": 1}, label="bool"),
+    Case("min", (ints(3, 45, dtype="int8"),), {"axis": 1}, label="int8"),
+    Case("prod", (positive(2, 3, 20) ** 0.2,), {"axis": -1}, **SUMS, label="rows"),
+    Case("argmax", (f32(2, 1500),), {"axis": -1}, label="block"),
+    Case("argmin", (halves(4, 100),), {"axis": 1, "select_last_index": True}, label="rows"),
+    Case("argmax", (f32(6, 50),), label="all"),
+    Case("nn.softmax", (f32(4, 32) * 3,), {"axis": -1}, **SUMS, label="warp"),
+    Case("nn.softmax", (f32(2, 3, 100) * 3,), {"axis": -1}, **SUMS, label="rows"),
+    Case("nn.softmax", (f32(2, 1100) * 3,), {"axis": -1}, **SUMS, label="block"),
+    Case("nn.log_softmax", (f32(7, 40) * 3,), {"axis": -1}, **SUMS, label="rows"),
+    Case("nn.log_softmax", (f16(3, 50),), {"axis": -1}, **HALF_SUMS),
+    Case("nn.layer_norm", (f32(2, 3, 96) * 3 + 1, f32(96), f32(96)), {"axis": -1}, rtol=1e-4, atol=1e-4,
+         label="rows"),
+    Case("nn.layer_norm", (f32(2, 1300) * 3 + 1, f32(1300), f32(1300)), {"axis": -1, "center": False},
+         rtol=1e-4, atol=1e-4, label="block"),
+    Case("nn.layer_norm", (f16(4, 64), f16(64), f16(64)), {"axis": -1}, **HALF_SUMS),
+]
+CASES += ROW_CASES
 BY_ID = {c.id: c for c in CASES}
 
 # run on the CPU through the stand-in: g++ and one OS thread per CUDA thread make each ~0.3 s
 HOST_RUN = [
     "exp", "round", "sigmoid", "cast", "nn.gelu",  # elementwise
-    "add", "divide", "floor_mod", "where",  # broadcast
+    "add", "add-4-per-thread", "divide", "floor_mod", "where",  # broadcast
     "transpose", "concatenate", "broadcast_to", "arange", "nn.pad",  # injective
     "take", "split", "strided_slice",  # indexing
     "sum", "max", "argmax",  # reductions
     "nn.softmax", "nn.layer_norm", "nn.batch_norm",  # softmax and normalization
     "nn.dense", "nn.batch_matmul", "nn.dense-tiles", "nn.matmul-tiles", "nn.batch_matmul-tiles",  # products
-    "nn.conv2d", "nn.conv2d_transpose",  # convolutions
+    "nn.conv2d", "nn.conv2d-tiles", "nn.conv2d-tiles-1x1", "nn.conv2d-tiles-dilated", "nn.conv2d_transpose",
     "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d",  # pooling
     "image.resize", "image.resize-cubic", "nn.pad-wrap",  # image, and pads wider than the axis
     "add-float16", "exp-float16", "sum-float16", "nn.dense-int8", "image.resize-float16",  # other dtypes
+    "prod", "nn.softmax-float16", *(c.id for c in ROW_CASES),  # rows over threads
 ]
 
 
