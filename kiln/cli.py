@@ -344,7 +344,8 @@ def _cmd_run(args: argparse.Namespace) -> None:
         wanted = ", ".join(f"{n} ({slots[n].dtype}{list(slots[n].shape)})" for n in missing)
         raise CliError(f"missing input(s) {wanted}; give each as --input NAME=FILE.npy")
     ex.run(**inputs)
-    outputs = [ex.get_output(i) for i in range(ex.num_outputs)]
+    # a cuda library's outputs are on the GPU: .get() copies one to numpy
+    outputs = [out if isinstance(out, np.ndarray) else out.get() for out in map(ex.get_output, range(ex.num_outputs))]
     try:
         if args.output is None:
             for i, out in enumerate(outputs):

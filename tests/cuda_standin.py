@@ -15,7 +15,16 @@ Device memory is held by `HostArray`, which offers what kiln uses of a
 - a `HostArray` is not a numpy array: numpy refuses to convert one implicitly
   (as it refuses a cupy array), and `.get()` is the way back to numpy;
 - its `flags` are cupy's (`c_contiguous`, `f_contiguous`, `owndata`; no `writeable`);
-- slicing, `view` and `reshape` are views of the same memory, `copy` is new memory.
+- slicing, `view` and `reshape` are views of the same memory, `copy` is new memory;
+- it is a DLPack array on device type 2 (a CUDA GPU), as a cupy array is, and
+  `FAKE_CUPY.from_dlpack` takes such arrays (`DLPackOnDevice` wraps one as torch or
+  jax would hand it over) without a copy.
+
+Streams run everything at once, except that a stream capture (`begin_capture` to
+`end_capture`) records its launches into a graph, which `launch` runs again.
+
+Kernels take arrays or, as cupy allows, device pointers (numpy integers) for their
+pointer parameters; `install` records every launch's argument values.
 """
 
 from __future__ import annotations
@@ -227,6 +236,12 @@ class HostArray:
     def __len__(self) -> int:
         return len(self.a)
 
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 0)  # kDLCUDA, device 0
+
     def __repr__(self) -> str:
         return f"HostArray({self.a!r})"
 
@@ -243,33 +258,143 @@ def _empty(shape: Any, dtype: Any = float) -> HostArray:
     return out
 
 
+class DLPackOnDevice:
+    """Only the DLPack protocol of an array on the GPU, as a torch tensor or jax array offers it."""
+
+    def __init__(self, array: HostArray, device_type: int = 2) -> None:
+        self.array = array
+        self.device_type = device_type
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (self.device_type, 0)
+
+
+class _HostView:
+    """A device DLPack array presented as host memory, for np.from_dlpack (which would refuse device type 2)."""
+
+    def __init__(self, x: Any) -> None:
+        self.x = x
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.x.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+def _from_dlpack(x: Any) -> HostArray:
+    """cupy.from_dlpack: a device array sharing `x`'s memory; only device arrays are taken."""
+    kind, _ = x.__dlpack_device__()
+    if kind != 2:
+        raise RuntimeError(f"the stand-in's from_dlpack takes CUDA arrays (device type 2), got device type {kind}")
+    return HostArray._of(np.from_dlpack(_HostView(x)))
+
+
+_CAPTURING: list[list[tuple[Any, tuple[Any, ...]]]] = []  # the launches of the stream capture under way
+
+
+class _Graph:
+    """cupy.cuda.Graph: the launches a stream captured, run again by `launch`."""
+
+    def __init__(self, calls: list[tuple[Any, tuple[Any, ...]]]) -> None:
+        self.calls = calls
+        self.launched = 0
+
+    def launch(self, stream: Any = None) -> None:
+        self.launched += 1
+        for launch, args in self.calls:
+            launch(*args)
+
+
+class _Stream:
+    """cupy.cuda.Stream, enough for stream capture: launches made while it captures are recorded, not run."""
+
+    def __init__(self, non_blocking: bool = False) -> None:
+        self.capturing = False
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def begin_capture(self) -> None:
+        assert not _CAPTURING, "one capture at a time"
+        _CAPTURING.append([])
+        self.capturing = True
+
+    def end_capture(self) -> _Graph:
+        assert self.capturing
+        self.capturing = False
+        return _Graph(_CAPTURING.pop())
+
+    def synchronize(self) -> None:
+        """The stand-in's kernels are done when their launch returns."""
+
+
+def _copyto(dst: HostArray, src: HostArray) -> None:
+    assert isinstance(dst, HostArray) and isinstance(src, HostArray), "copyto between device arrays"
+    assert not _CAPTURING, "a copy inside a graph capture"
+    np.copyto(dst.a, src.a)
+
+
 FAKE_CUPY = SimpleNamespace(
-    ndarray=HostArray, asarray=_asarray, empty=_empty,
-    cuda=SimpleNamespace(Device=lambda: SimpleNamespace(id=0, compute_capability="90")),
+    ndarray=HostArray, asarray=_asarray, empty=_empty, from_dlpack=_from_dlpack, copyto=_copyto,
+    may_share_memory=lambda a, b: bool(np.may_share_memory(a.a, b.a)),
+    cuda=SimpleNamespace(Device=lambda: SimpleNamespace(id=0, compute_capability="90"), Stream=_Stream,
+                         Graph=_Graph, get_current_stream=_Stream),
 )
 
 
-def install(monkeypatch: pytest.MonkeyPatch, folder: Path) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
+class Launches(list[tuple[str, tuple[int, ...], tuple[int, ...], int]]):
+    """The launches made, as (kernel name, grid, block, shared bytes); `arguments` holds each one's argument
+    values, in the same order: device pointers for arrays, values for sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arguments: list[tuple[int, ...]] = []
+
+
+def _pointer_params(source: str) -> dict[str, list[bool]]:
+    """Per kernel of `source`, which of its parameters are pointers."""
+    return {m.group(1): ["*" in p for p in m.group(2).split(", ")] for m in _SIGNATURE.finditer(source)}
+
+
+def install(monkeypatch: pytest.MonkeyPatch, folder: Path) -> Launches:
     """Makes CudaModule launch through the host emulator (g++ output under `folder`).
 
     Returns:
-        The launches made from then on, as (kernel name, grid, block, shared bytes).
+        The launches made from then on, as (kernel name, grid, block, shared bytes), with their
+        argument values in `.arguments`.
     """
-    launches: list[tuple[str, tuple[int, ...], tuple[int, ...], int]] = []
+    launches = Launches()
 
     def functions(self: CudaModule, cupy: Any) -> list[Any]:
         assert cupy is FAKE_CUPY
         lib = host_library(self.code.source, folder)
+        pointers = _pointer_params(self.code.source)
 
         def launcher(name: str) -> Any:
             def launch(grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],
                        shared_mem: int = 0) -> None:
+                if _CAPTURING:  # recorded by the stream capture under way, launched with its graph
+                    _CAPTURING[-1].append((launch, (grid, block, args, shared_mem)))
+                    return
                 launches.append((name, grid, block, shared_mem))
-                for a in args:
+                assert len(args) == len(pointers[name]), f"{name}: {len(args)} arguments"
+                values = []
+                for a, pointer in zip(args, pointers[name], strict=True):
                     assert isinstance(a, (HostArray, np.integer)), f"{name}: a kernel got a {type(a).__name__}"
-                keep = [ctypes.c_longlong(int(a)) for a in args if not isinstance(a, HostArray)]
+                    assert pointer or not isinstance(a, HostArray), f"{name}: an array for a size"
+                    values.append(a.a.ctypes.data if isinstance(a, HostArray) else int(a))
+                launches.arguments.append(tuple(values))
+                keep = [ctypes.c_longlong(v) for v, pointer in zip(values, pointers[name], strict=True) if not pointer]
                 it = iter(keep)
-                ptrs = [a.a.ctypes.data if isinstance(a, HostArray) else ctypes.addressof(next(it)) for a in args]
+                ptrs = [v if pointer else ctypes.addressof(next(it))
+                        for v, pointer in zip(values, pointers[name], strict=True)]
                 getattr(lib, f"run_{name}")(*grid, *block, (ctypes.c_void_p * len(ptrs))(*ptrs))
             return launch
 

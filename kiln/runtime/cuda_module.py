@@ -18,6 +18,13 @@ workspaces the PrimFunc's top-level global temporaries need (from cupy's
 memory pool, per call). The CUBIN is loaded onto a device on first call, so
 building needs no GPU; cupy is imported on first call, never when kiln is
 imported.
+
+`module.bind(*arrays)` checks device arrays as a call does and returns each
+kernel's launch computed once (`BoundKernel`: grid, block, an argument tuple
+of device pointers and sizes, its workspaces): the graph executor's fast path
+replays those with other arrays' pointers put in (`kiln.runtime.executor`).
+A module's `CudaCode` and CUBIN are what an exported library stores
+(`kiln.runtime.cuda_library`).
 """
 
 from __future__ import annotations
@@ -161,6 +168,44 @@ def _cupy() -> Any:
     return cupy
 
 
+def arch_runs_on(arch: str, cc: str) -> bool:
+    """Whether a CUBIN for `arch` ("sm_90", "sm_90a") runs on a device of compute capability `cc` ("90").
+
+    A CUBIN runs on its own major version at its minor version or later; an "a" or "f" CUBIN (which may
+    use features of its exact architecture) only on its own.
+    """
+    want = arch[3:].rstrip("af")
+    return cc[:-1] == want[:-1] and cc[-1] >= want[-1] and (arch[-1] not in "af" or cc == want)
+
+
+def current_device() -> tuple[int, str] | None:
+    """(id, compute capability such as "90") of cupy's current GPU, or None without cupy or a GPU."""
+    try:
+        cupy = _cupy()
+    except CudaUnavailableError:
+        return None
+    dev = cupy.cuda.Device()
+    return int(dev.id), str(dev.compute_capability)
+
+
+@attrs.frozen
+class BoundKernel:
+    """One kernel launch of `CudaModule.bind`, computed once: what the executor's fast path replays.
+
+    `args` are the kernel's arguments as device pointers (np.uint64) and sizes (np.int64); `params`
+    says which of them point at the bound arrays, as (position in `args`, parameter index), so that a
+    launch on other arrays of the same shapes, dtypes and device replaces those and nothing else.
+    """
+
+    function: Any  # the cupy Function
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    args: tuple[Any, ...]
+    params: tuple[tuple[int, int], ...]
+    workspaces: tuple[Any, ...]  # device buffers that `args` point into, kept alive here
+
+
 class CudaModule:
     """The CUDA kernels of one PrimFunc: call it with cupy (or numpy) arrays; read its code with `get_source`."""
 
@@ -209,7 +254,10 @@ class CudaModule:
             return self.code.source
         if fmt == "tir":
             return str(self.func)
-        if fmt == "ptx" and self._ptx is not None:
+        if fmt == "ptx":
+            if self._ptx is None:
+                raise ValueError(f"get_source('ptx'): module {self.name!r} was loaded from a library, which holds "
+                                 "its CUBIN and CUDA C, not PTX (compile the CUDA C with NVRTC for it)")
             return self._ptx()
         raise ValueError(f"get_source: format is 'cuda', 'ptx' or 'tir', got {fmt!r}")
 
@@ -246,6 +294,45 @@ class CudaModule:
             if not isinstance(arrays[i], cupy.ndarray):
                 np.copyto(arrays[i], device[i].get())
 
+    def bind(self, *arrays: Any) -> list[BoundKernel]:
+        """Checks device `arrays` as a call does and computes every launch on them, without running any.
+
+        The executor's fast path (`kiln.runtime.executor`) binds each launch of a graph once, then
+        replays the result on the pointers of later runs' arrays: grids, blocks, sizes and workspaces
+        depend only on the shapes checked here. Kernels with an empty grid are left out.
+
+        Raises:
+            ArgumentError: when an array does not fit its parameter, or is not a device array.
+            CudaUnavailableError: without cupy or a GPU.
+            CudaLaunchError: when the CUBIN cannot run on the current device, or a grid is too large.
+        """
+        cupy = _cupy()
+        for p, a in zip(self._params, arrays, strict=False):
+            if not isinstance(a, cupy.ndarray):
+                raise p.error(f"bind takes device arrays (cupy.ndarray), got {type(a).__name__}")
+        sizes = self._check(cupy, arrays)
+        functions = self._functions(cupy)
+        env = {id(v): n for v, n in zip(self.code.size_vars, sizes, strict=True)}
+        workspaces = tuple(cupy.empty(max(eval_int(b.shape[0], env), 0), dtype=numpy_dtype(b.dtype))
+                           for b in self.code.workspaces)
+        bound = []
+        for spec, fn in zip(self.kernels, functions, strict=True):
+            grid = self._grid(spec, env)
+            if 0 in grid:
+                continue
+            args: list[Any] = []
+            params: list[tuple[int, int]] = []
+            for arg in spec.args:
+                if arg.kind == "param":
+                    params.append((len(args), arg.index))
+                    args.append(np.uint64(arrays[arg.index].data.ptr))
+                elif arg.kind == "workspace":
+                    args.append(np.uint64(workspaces[arg.index].data.ptr))
+                else:
+                    args.append(np.int64(sizes[arg.index]))
+            bound.append(BoundKernel(fn, grid, spec.block, spec.shared_bytes, tuple(args), tuple(params), workspaces))
+        return bound
+
     def _grid(self, spec: KernelSpec, env: dict[int, int]) -> tuple[int, int, int]:
         dims: list[int] = []
         for axis, (extents, limit) in enumerate(zip(spec.grid, GRID_LIMITS, strict=True)):
@@ -264,9 +351,7 @@ class CudaModule:
             if loaded is not None:
                 return loaded
             cc = str(dev.compute_capability)
-            want = self.arch[3:].rstrip("af")
-            # a CUBIN runs on its own major version, at its minor version or later ("a"/"f" CUBINs: exactly)
-            if cc[:-1] != want[:-1] or cc[-1] < want[-1] or (self.arch[-1] in "af" and cc != want):
+            if not arch_runs_on(self.arch, cc):
                 raise CudaLaunchError(f"kernel {self.name!r} was compiled for {self.arch}, but device {dev.id} "
                                       f"is sm_{cc}; build it for Target('cuda -arch=sm_{cc}')")
             from cupy.cuda import driver, function

@@ -7,7 +7,9 @@ an earlier one returned. The graph, the library and its file format live in
 
 What the executor guarantees before native code runs:
 - every input a kernel sees is a C-contiguous, aligned, writeable array of the
-  input's dtype and shape (anything else is copied, or refused naming the input);
+  input's dtype and shape, on the current device for a cuda library (anything
+  else is copied, or refused naming the input), whether it came as a numpy or
+  cupy array or through DLPack;
 - every tensor of the graph has at most `MAX_ELEMENTS` elements, the most the
   kernels' int32 loop variables index;
 - the intermediates and outputs fit in the memory of the machine (or the GPU),
@@ -37,6 +39,12 @@ MAX_ELEMENTS = 2**31 - 1
 """The most elements a tensor may have: kernels index with int32 loop variables (te.lower's IterVars)."""
 
 _Entry = tuple[Callable[..., int], tuple[int, ...], list[int], tuple[int, ...] | None]
+# One kernel of a graph launch on the CUDA fast path: the cupy Function, grid, block, shared bytes, its
+# argument tuple, and (position in it, slot) for each argument that points at a run's input or output.
+_CudaLaunch = tuple[Any, tuple[int, int, int], tuple[int, int, int], int, tuple[Any, ...], tuple[tuple[int, int], ...]]
+# DLPack device types (dlpack.h): memory the host reads as numpy, and memory on a CUDA device
+_DLPACK_HOST = (1, 3)  # kDLCPU, kDLCUDAHost
+_DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
 
 # where Linux states a container's memory limit (cgroup v2, then v1); "max" or a huge number means none
@@ -81,6 +89,20 @@ class _Host:
     ndarray = np.ndarray
 
     @staticmethod
+    def adopt(name: str, value: Any, want: np.dtype[Any]) -> Any:
+        """`value` as a numpy array: numpy arrays as they are, DLPack arrays (torch, jax) through
+        `np.from_dlpack` (a view where the producer allows one), anything else through `_as_array`."""
+        if isinstance(value, np.ndarray):
+            return value
+        device = _dlpack_device(value)
+        if device is None:
+            return _as_array(name, value, want)
+        if device not in _DLPACK_HOST:
+            raise ExecutorError(f"input {name!r}: a {type(value).__name__} on DLPack device type {device}, not in "
+                                "host memory; this library runs on the CPU (copy it to the host first)")
+        return _from_dlpack(name, value, np.from_dlpack, "numpy")
+
+    @staticmethod
     def buffer(nbytes: int) -> Any:
         return _aligned(nbytes)
 
@@ -120,6 +142,30 @@ class _Device:
         self.cupy = _cupy()
         self.ndarray = self.cupy.ndarray
 
+    def adopt(self, name: str, value: Any, want: np.dtype[Any]) -> Any:
+        """`value` as a cupy or numpy array: those as they are; DLPack arrays on a CUDA device (torch, jax)
+        through `cupy.from_dlpack`, which shares their memory; host DLPack arrays through `np.from_dlpack`
+        (copied to the device later, as numpy arrays are); anything else through `_as_array`.
+
+        Raises:
+            ExecutorError: for a DLPack array on another kind of device, or one cupy or numpy cannot take.
+        """
+        if isinstance(value, (self.ndarray, np.ndarray)):
+            return value
+        device = _dlpack_device(value)
+        if device is None:
+            return _as_array(name, value, want)
+        if device in _DLPACK_CUDA:
+            return _from_dlpack(name, value, self.cupy.from_dlpack, "cupy")
+        if device in _DLPACK_HOST:
+            return _from_dlpack(name, value, np.from_dlpack, "numpy")
+        raise ExecutorError(f"input {name!r}: a {type(value).__name__} on DLPack device type {device}, which is "
+                            "neither the host nor a CUDA GPU")
+
+    def device_id(self) -> int:
+        """The current device: kernels, and the fast path bound to them, run there."""
+        return int(self.cupy.cuda.Device().id)
+
     def buffer(self, nbytes: int) -> Any:
         return self.cupy.empty(nbytes, dtype=np.uint8)
 
@@ -127,12 +173,14 @@ class _Device:
         return self.cupy.empty(shape, dtype=dtype)
 
     def fits(self, arr: Any) -> bool:
-        # device memory is always writeable and cupy allocations are aligned; host arrays go through put
-        return isinstance(arr, self.ndarray) and bool(arr.flags.c_contiguous)
+        # device memory is always writeable; host arrays, and device arrays on another device or (from
+        # DLPack) at an odd offset, go through put
+        return (isinstance(arr, self.ndarray) and bool(arr.flags.c_contiguous) and arr.device.id == self.device_id()
+                and arr.data.ptr % arr.dtype.itemsize == 0)
 
     def put(self, arr: Any) -> Any:
         if isinstance(arr, self.ndarray):
-            return arr.copy()  # cupy's copy is C-ordered by default
+            return arr.copy()  # cupy's copy is C-ordered by default, and made on the current device
         # cupy.asarray keeps a Fortran array's order: make the host copy row-major first
         return self.cupy.asarray(np.ascontiguousarray(arr))
 
@@ -170,7 +218,24 @@ class GraphExecutor:
     On an llvm library the arrays are numpy arrays. On a cuda library inputs may
     be numpy or cupy arrays (numpy ones are copied to the device), the
     intermediates live in device buffers, and outputs are cupy arrays
-    (`.get()` copies one to numpy).
+    (`.get()` copies one to numpy). Either takes any DLPack array (an object
+    with `__dlpack__`: torch tensors, jax arrays): on a cuda library, one on
+    the GPU is used in place through `cupy.from_dlpack`, one on the host is
+    read by `np.from_dlpack` and copied over; on an llvm library, host ones go
+    through `np.from_dlpack`, a view where possible. Every input is checked
+    for its dtype and shape like a numpy array, and copied where its memory
+    order (or device, or alignment) does not suit the kernels.
+
+    Fast paths: the first run checks every launch's arrays in its module; it
+    then binds each launch once (an llvm kernel's native entry, a CUDA
+    kernel's cupy Function with its grid, block and argument tuple made of
+    device pointers), and later runs only put this run's input and output
+    pointers into those argument tuples. That is safe because inputs are
+    checked as they are bound (`set_input`), outputs are allocated by the run
+    at their shapes, intermediates and constants stay where they are, and a
+    CUDA run on another device than the one bound goes the checked way. With
+    `cuda_graph=True` (cuda libraries), the fast path's launches are captured
+    once as a CUDA graph and replayed per run.
 
     Threads: one executor may be shared. Inputs bound by `set_input` and the
     outputs of `run` are per thread, and runs take turns on the executor's
@@ -179,11 +244,19 @@ class GraphExecutor:
     share the compiled kernels, not the buffers.
     """
 
-    def __init__(self, lib: Library) -> None:
+    def __init__(self, lib: Library, cuda_graph: bool = False) -> None:
         """Checks the graph's sizes against the kernels and the machine, then allocates its buffers.
 
+        Args:
+            lib: the library to run.
+            cuda_graph: on a cuda library, capture every launch of a run once as a CUDA graph (on the
+                second run: the first checks them) and replay it per run, the inputs copied into the
+                buffers it was captured with and the outputs out of them: one launch per run instead
+                of one per kernel, for two device copies per input and output.
+
         Raises:
-            ExecutorError: for a tensor with more elements than the kernels index, or a bad storage plan.
+            ExecutorError: for a tensor with more elements than the kernels index, a bad storage plan,
+                or `cuda_graph` on a library that is not for cuda.
             KernelMemoryError: when the intermediates and outputs cannot fit in memory.
         """
         self.lib = lib
@@ -191,6 +264,8 @@ class GraphExecutor:
         device = lib.target.kind.get_attr(TDeviceType)
         if device not in _DEVICES:
             raise ExecutorError(f"no executor runs code for device type {device!r} (target {lib.target})")
+        if cuda_graph and device != "cuda":
+            raise ExecutorError(f"cuda_graph=True replays CUDA launches; this library is for {lib.target}")
         self._xp: Any = _DEVICES[device]()
         self._check_sizes()
         self._buffers = [self._allocate(partial(self._xp.buffer, n), n, partial(self._describe_buffer, b))
@@ -215,6 +290,15 @@ class GraphExecutor:
         # so the per-call checks (about 6 us a launch) would only repeat what is known.
         self._entries: list[_Entry] | None = None
         self._pointers: list[int] = []
+        # The CUDA fast path, the same idea: per graph launch its kernels' bound launches, on one device.
+        self._cuda: list[list[_CudaLaunch]] | None = None
+        self._cuda_device = -1
+        self._cuda_keep: list[Any] = []  # the workspaces the bound argument tuples point into
+        self._cuda_io: list[int] = []  # the slots whose pointers change per run: inputs and outputs
+        # The CUDA graph of a run (cuda_graph=True), and the device buffers of those slots it was captured on.
+        self._use_graph = cuda_graph
+        self._graph: Any = None
+        self._graph_buffers: dict[int, Any] = {}
 
     @property
     def input_names(self) -> list[str]:
@@ -250,7 +334,7 @@ class GraphExecutor:
             raise ExecutorError(f"model has no input {name!r}; its inputs are {self.input_names}")
         slot = self.lib.graph.slots[s]
         want = numpy_dtype(slot.dtype)
-        arr = value if isinstance(value, self._xp.ndarray) else _as_array(name, value, want)
+        arr = self._xp.adopt(name, value, want)
         if arr.dtype != want:
             raise ExecutorError(f"input {name!r}: expected dtype {slot.dtype}, got {arr.dtype}")
         if arr.shape != slot.shape:
@@ -271,6 +355,11 @@ class GraphExecutor:
         with self._lock:
             if self._entries is not None:
                 self._run_entries(values)
+            elif self._cuda_ready():
+                if self._use_graph and self._cuda:
+                    self._run_graph(values)
+                else:
+                    self._run_cuda(values)
             else:
                 self._run_checked(values)
         self._state.outputs = self._finish(values, fresh)
@@ -308,7 +397,9 @@ class GraphExecutor:
                 times = launch_seconds if timed else None
                 if self._entries is not None and times is not None:
                     self._run_entries_timed(values, times)
-                else:  # the first run checks every launch (and builds the fast path on the host)
+                elif self._cuda_ready() and times is not None:
+                    self._run_cuda(values, times)
+                else:  # the first run checks every launch (and builds the fast path)
                     self._run_checked(values, times)
             self._state.outputs = self._finish(values, fresh)
             if timed:
@@ -362,6 +453,7 @@ class GraphExecutor:
         """Runs every launch through its module's checks; with `times`, appends each launch's time."""
         g = self.lib.graph
         entries = []
+        bound = []
         for k, launch in enumerate(g.launches):
             slots = (*launch.inputs, *launch.outputs)
             # a value passed twice (add(x, x)) goes the second time as a copy: kernel pointers are noalias
@@ -372,8 +464,16 @@ class GraphExecutor:
             if times is not None:
                 self._xp.synchronize()
                 times[k].append(time.perf_counter() - start)
-            if isinstance(self._xp, _Host) and len(set(slots)) == len(slots):
+            if len(set(slots)) < len(slots):
+                continue
+            if isinstance(self._xp, _Host):
                 entries.append((kernel.entry(), slots, kernel.check(*args)))
+            else:
+                bound.append((slots, kernel.bind(*args)))
+        if isinstance(self._xp, _Device):
+            if len(bound) == len(g.launches):
+                self._bind_cuda(bound)
+            return
         if len(entries) < len(g.launches):
             return
         # intermediates and constants stay where they are: their addresses are taken once, and a
@@ -384,6 +484,67 @@ class GraphExecutor:
             (entry, slots, sizes, (*(self._pointers[s] for s in slots), *sizes) if fixed.issuperset(slots) else None)
             for entry, slots, sizes in entries
         ]
+
+    def _bind_cuda(self, bound: list[tuple[tuple[int, ...], list[Any]]]) -> None:
+        """The CUDA fast path from each graph launch's slots and its `CudaModule.bind` kernels."""
+        fixed = {s for s, slot in enumerate(self.lib.graph.slots) if slot.kind in ("temp", "const")}
+        self._cuda = [[(b.function, b.grid, b.block, b.shared_bytes, b.args,
+                        tuple((pos, slots[i]) for pos, i in b.params if slots[i] not in fixed)) for b in kernels]
+                      for slots, kernels in bound]
+        self._cuda_keep = [b.workspaces for _, kernels in bound for b in kernels]
+        self._cuda_device = self._xp.device_id()
+        self._cuda_io = [s for s, slot in enumerate(self.lib.graph.slots) if slot.kind in ("input", "output")]
+
+    def _cuda_ready(self) -> bool:
+        """Whether the CUDA fast path is bound, to the current device."""
+        return self._cuda is not None and self._xp.device_id() == self._cuda_device
+
+    def _run_cuda(self, values: list[Any], times: list[list[float]] | None = None) -> None:
+        """Launches every kernel with its bound arguments and this run's input and output pointers; with
+        `times`, appends each graph launch's time (until the device is done with it)."""
+        self._launch_cuda({s: np.uint64(values[s].data.ptr) for s in self._cuda_io}, times)
+
+    def _run_graph(self, values: list[Any]) -> None:
+        """Replays the run's CUDA graph (capturing it first, once) on the current stream, between copies of
+        this run's inputs into the buffers it reads and of the buffers it writes into this run's outputs."""
+        cupy = self._xp.cupy
+        g = self.lib.graph
+        if self._graph is None:
+            self._graph_buffers = {
+                s: self._allocate(partial(self._xp.empty, g.slots[s].shape, numpy_dtype(g.slots[s].dtype)),
+                                  slot_bytes(g.slots[s]), partial(self._describe_slot, s))
+                for s in self._cuda_io}
+            stream = cupy.cuda.Stream(non_blocking=True)  # the legacy default stream cannot be captured
+            with stream:
+                stream.begin_capture()
+                try:
+                    self._launch_cuda({s: np.uint64(b.data.ptr) for s, b in self._graph_buffers.items()})
+                finally:
+                    graph = stream.end_capture()
+            self._graph = graph
+        for s, buffer in self._graph_buffers.items():
+            if g.slots[s].kind == "input":
+                cupy.copyto(buffer, values[s])
+        self._graph.launch(cupy.cuda.get_current_stream())
+        for s, buffer in self._graph_buffers.items():
+            if g.slots[s].kind == "output":
+                cupy.copyto(values[s], buffer)
+
+    def _launch_cuda(self, pointers: dict[int, Any], times: list[list[float]] | None = None) -> None:
+        """`_run_cuda` on the pointers of the run's inputs and outputs, by slot."""
+        clock = time.perf_counter
+        for k, kernels in enumerate(self._cuda or ()):
+            start = clock()
+            for function, grid, block, shared, args, patch in kernels:
+                if patch:
+                    call = list(args)
+                    for pos, s in patch:
+                        call[pos] = pointers[s]
+                    args = tuple(call)
+                function(grid, block, args, shared_mem=shared)
+            if times is not None:
+                self._xp.synchronize()
+                times[k].append(clock() - start)
 
     def _run_entries(self, values: list[Any]) -> None:
         g = self.lib.graph
@@ -535,6 +696,25 @@ def _as_array(name: str, value: Any, want: np.dtype[Any]) -> Any:
     if not lossless:
         raise ExecutorError(f"input {name!r}: the {kind} holds values that dtype {want} cannot represent")
     return conv
+
+
+def _dlpack_device(value: Any) -> int | None:
+    """The DLPack device type of `value` (1 the host, 2 a CUDA GPU, ...), or None for a non-DLPack value."""
+    if isinstance(value, np.generic) or not hasattr(value, "__dlpack__"):
+        return None
+    try:
+        return int(value.__dlpack_device__()[0])
+    except Exception:  # no __dlpack_device__ (an old producer): let the host reader try it
+        return _DLPACK_HOST[0]
+
+
+def _from_dlpack(name: str, value: Any, reader: Callable[[Any], Any], library: str) -> Any:
+    """`reader(value)` (np.from_dlpack or cupy.from_dlpack), its failures as kiln's error naming the input."""
+    try:
+        return reader(value)
+    except Exception as e:  # BufferError, TypeError, RuntimeError (e.g. a torch tensor that requires grad)
+        raise ExecutorError(f"input {name!r}: {library} cannot read this {type(value).__name__} through DLPack "
+                            f"({type(e).__name__}: {e})") from e
 
 
 def _aligned(nbytes: int) -> np.ndarray:

@@ -10,18 +10,21 @@ the buffers, not of the intermediates.
 `Library.export(path)` writes one file: a header (magic with the format
 version, length and sha256 of the payload, and an HMAC-SHA256 tag of it under
 the user's secret key, `kiln.runtime.trust`), then the JSON graph, every
-kernel's object code and the constants. A library is native code, so
-`load(path)` checks all of it before it links any code: a truncated or
-corrupt file raises `LibraryFormatError`; a file whose tag does not verify
-(not written by this user's kiln, or edited since, even with its sha256
-recomputed) raises `LibraryTrustError`, unless the user opts in with
-`load(path, trust=True)`. Trusted or not, every header field is then
+kernel's code (a CPU kernel's object code; a CUDA kernel's CUBIN, CUDA C and
+launch table, `kiln.runtime.cuda_library`) and the constants. A library is
+native code, so `load(path)` checks all of it before it links or loads any
+code: a truncated or corrupt file raises `LibraryFormatError`; a file whose
+tag does not verify (not written by this user's kiln, or edited since, even
+with its sha256 recomputed) raises `LibraryTrustError`, unless the user opts
+in with `load(path, trust=True)`. Trusted or not, every header field is then
 validated: types, sizes and indices; each launch's slots against its
-kernel's parameters; those parameters against the signature compiled into
-the kernel's object code (`kiln_sig_<name>`, read from its ELF symbol table);
-the object code itself (an ELF object for this machine calling only
-allow-listed symbols, `kiln.codegen.linker.check_object`); the target's CPU
-features against this CPU; the constants against their slots. See SECURITY.md.
+kernel's parameters; on a CPU library, those parameters against the signature
+compiled into the kernel's object code (`kiln_sig_<name>`, read from its ELF
+symbol table), the object code itself (an ELF object for this machine calling
+only allow-listed symbols, `kiln.runtime.linker.check_object`) and the
+target's CPU features against this CPU; on a cuda library, each kernel's
+launch table and its CUBIN (`cuda_library`), and the current GPU's
+architecture; the constants against their slots. See SECURITY.md.
 """
 
 from __future__ import annotations
@@ -152,23 +155,28 @@ class Library:
         """The bytes of the intermediate buffers after memory planning."""
         return sum(self.graph.storage_sizes)
 
-    def create_executor(self) -> GraphExecutor:
-        """A `GraphExecutor` of this library."""
+    def create_executor(self, cuda_graph: bool = False) -> GraphExecutor:
+        """A `GraphExecutor` of this library (`cuda_graph`: replay a cuda library's launches as one CUDA graph)."""
         from kiln.runtime.executor import GraphExecutor  # the executor imports this module
 
-        return GraphExecutor(self)
+        return GraphExecutor(self, cuda_graph=cuda_graph)
 
     def export(self, path: str | Path, cache_key: str | None = None) -> None:
-        """Writes the library (graph, object code, constants) to one file that `load` reads back.
+        """Writes the library (graph, kernels' code, constants) to one file that `load` reads back.
 
-        `cache_key` is stored inside the signed file (the build cache checks that a file it finds under
-        a key was written for that key).
+        A CPU kernel is stored as its object code; a CUDA kernel as its CUBIN, its CUDA C and its
+        launch table (`kiln.runtime.cuda_library`). `cache_key` is stored inside the signed file (the
+        build cache checks that a file it finds under a key was written for that key).
 
         Raises:
-            ExecutorError: for a cuda library (its export is not written yet).
+            ExecutorError: for a target whose device kiln cannot export for, or a CUDA kernel whose
+                launch table uses expressions other than integer arithmetic of its sizes.
         """
-        if self.target.kind.get_attr(TDeviceType) != "cpu":
-            raise ExecutorError(f"export writes CPU libraries only so far; this one is for {self.target}")
+        from kiln.runtime import cuda_library  # it imports this module
+
+        device = self.target.kind.get_attr(TDeviceType)
+        if device not in ("cpu", "cuda"):
+            raise ExecutorError(f"export writes CPU and CUDA libraries; this one is for {self.target}")
         blobs: list[bytes] = []
 
         def blob(data: bytes) -> int:
@@ -177,10 +185,10 @@ class Library:
 
         kernels = []
         for m in self.kernels:
-            params = [{"name": b.name, "dtype": b.dtype,
-                       "shape": [int(d.value) if isinstance(d, tx.IntImm) else str(d) for d in b.shape]}
-                      for b in m.func.params]
-            kernels.append({"name": m.name, "params": params, "object": blob(m.object_code)})
+            if device == "cuda":
+                kernels.append(cuda_library.kernel_entry(m, param_entries(m.func), blob))
+            else:
+                kernels.append({"name": m.name, "params": param_entries(m.func), "object": blob(m.object_code)})
         consts = {}
         for s, arr in self.graph.constants.items():
             buf = io.BytesIO()
@@ -201,6 +209,13 @@ class Library:
         digest = hashlib.sha256(payload).digest()
         tag = _trust.sign(_MAGIC + payload)
         Path(path).write_bytes(_MAGIC + struct.pack("<Q", len(payload)) + digest + tag + payload)
+
+
+def param_entries(func: PrimFunc) -> list[dict[str, Any]]:
+    """How a header stores a kernel's parameters: name, dtype, and shape (ints, and names of size vars)."""
+    return [{"name": b.name, "dtype": b.dtype,
+             "shape": [int(d.value) if isinstance(d, tx.IntImm) else str(d) for d in b.shape]}
+            for b in func.params]
 
 
 # -- loading: authenticate, then validate every header field before any code is linked ---------------
@@ -228,7 +243,7 @@ def check_host_target(target: Target) -> None:
         )
 
 
-class _Checker:
+class HeaderChecker:
     """Type and range checks of a decoded header; every failure is a LibraryFormatError naming the field."""
 
     def __init__(self, where: str) -> None:
@@ -304,9 +319,9 @@ def _decode_file(data: bytes, where: str, trusted: bool) -> tuple[dict[str, Any]
         raise LibraryFormatError(f"{where}: header of {head_len} bytes in a {len(payload)}-byte payload")
     try:
         header = json.loads(payload[8: 8 + head_len])
-    except ValueError as e:  # also UnicodeDecodeError
-        raise LibraryFormatError(f"{where}: header is not JSON ({e})") from e
-    c = _Checker(where)
+    except (ValueError, RecursionError) as e:  # also UnicodeDecodeError; RecursionError: nested too deep
+        raise LibraryFormatError(f"{where}: header is not JSON ({type(e).__name__}: {e})") from e
+    c = HeaderChecker(where)
     c.dict_(header, _HEADER_KEYS | ({"cache_key"} if isinstance(header, dict) and "cache_key" in header else set()),
             "header")
     sizes = [c.size(n, f"blobs[{i}]") for i, n in enumerate(c.list_(header["blobs"], "blobs"))]
@@ -320,15 +335,11 @@ def _decode_file(data: bytes, where: str, trusted: bool) -> tuple[dict[str, Any]
     return header, blobs
 
 
-def _load_kernel(c: _Checker, k: Any, i: int, blobs: list[bytes]) -> tuple[str, list[dict[str, Any]], bytes]:
-    """(name, params, object code) of header kernel `i`, checked against the signature in its object code."""
-
-    f = f"kernels[{i}]"
-    c.dict_(k, {"name", "params", "object"}, f)
-    name = c.name(k["name"], f"{f}.name")
+def check_params(c: HeaderChecker, value: Any, field: str) -> list[dict[str, Any]]:
+    """The parameters of a header kernel (as `param_entries` writes them), each field checked."""
     params = []
-    for j, p in enumerate(c.list_(k["params"], f"{f}.params")):
-        pf = f"{f}.params[{j}]"
+    for j, p in enumerate(c.list_(value, field)):
+        pf = f"{field}[{j}]"
         c.dict_(p, {"name", "dtype", "shape"}, pf)
         c.name(p["name"], f"{pf}.name")
         c.dtype(p["dtype"], f"{pf}.dtype")
@@ -338,6 +349,16 @@ def _load_kernel(c: _Checker, k: Any, i: int, blobs: list[bytes]) -> tuple[str, 
             else:
                 c.size(d, f"{pf}.shape[{a}]")
         params.append(p)
+    return params
+
+
+def _load_kernel(c: HeaderChecker, k: Any, i: int, blobs: list[bytes]) -> tuple[str, list[dict[str, Any]], bytes]:
+    """(name, params, object code) of header kernel `i`, checked against the signature in its object code."""
+
+    f = f"kernels[{i}]"
+    c.dict_(k, {"name", "params", "object"}, f)
+    name = c.name(k["name"], f"{f}.name")
+    params = check_params(c, k["params"], f"{f}.params")
     obj = blobs[c.index(k["object"], len(blobs), f"{f}.object", "blob")]
     try:
         parsed = linker.check_object(obj, name)
@@ -355,7 +376,7 @@ def _load_kernel(c: _Checker, k: Any, i: int, blobs: list[bytes]) -> tuple[str, 
     return name, params, obj
 
 
-def _check_launch(c: _Checker, n: int, launch: Launch, params: list[dict[str, Any]], slots: list[Slot]) -> None:
+def _check_launch(c: HeaderChecker, n: int, launch: Launch, params: list[dict[str, Any]], slots: list[Slot]) -> None:
     """The slots of launch `n` agree in count, dtype and shape with its kernel's parameters."""
     f = f"launches[{n}]"
     args = (*launch.inputs, *launch.outputs)
@@ -378,7 +399,7 @@ def _check_launch(c: _Checker, n: int, launch: Launch, params: list[dict[str, An
             raise c.fail(f, f"writes slot {s}, which is an {slots[s].kind}")
 
 
-def _graph(c: _Checker, header: dict[str, Any], blobs: list[bytes], params: list[list[dict[str, Any]]]) -> Graph:
+def _graph(c: HeaderChecker, header: dict[str, Any], blobs: list[bytes], params: list[list[dict[str, Any]]]) -> Graph:
     """The checked graph of a header: slots, storage, launches against kernels, inputs, outputs, constants."""
     storage = [c.size(n, f"storage_sizes[{i}]") for i, n in enumerate(c.list_(header["storage_sizes"],
                                                                                  "storage_sizes"))]
@@ -433,24 +454,32 @@ def _graph(c: _Checker, header: dict[str, Any], blobs: list[bytes], params: list
     return Graph(slots, launches, inputs, outputs, constants, storage)
 
 
-def _signature(name: str, params: list[dict[str, Any]]) -> PrimFunc:
-    """A PrimFunc with the kernel's parameters and an empty body: the calling convention of loaded code."""
+def signature(name: str, params: list[dict[str, Any]], size_dtypes: dict[str, str] | None = None) -> PrimFunc:
+    """A PrimFunc with the kernel's parameters and an empty body: the calling convention of loaded code.
+
+    Size vars are int32 unless `size_dtypes` gives their dtype by name.
+    """
     size_vars: dict[str, tx.Var] = {}
+    dtypes = size_dtypes or {}
     bufs = []
     for p in params:
-        shape = [d if isinstance(d, int) else size_vars.setdefault(d, tx.Var(d)) for d in p["shape"]]
+        shape = [d if isinstance(d, int) else size_vars.setdefault(d, tx.Var(d, dtypes.get(d, "int32")))
+                 for d in p["shape"]]
         bufs.append(tir_buffer(p["name"], shape, p["dtype"]))
     return PrimFunc(name, bufs, Evaluate(tx.const(0)))
 
 
 def load(path: str | Path, trust: bool = False) -> Library:
-    """Reads a file written by `Library.export`, without compiling anything.
+    """Reads a file written by `Library.export`, without compiling anything (a cuda library needs neither
+    NVRTC nor, to load, a GPU).
 
     In order, before any code is linked: the magic and length, the sha256 (accidents), the HMAC tag
     under this user's secret (a file not written by this user's kiln), then every header field: types,
-    sizes, indices, launches against their kernels' parameters, those parameters against the signature
-    compiled into each kernel's object code, the object code itself (ELF for this machine, allow-listed
-    symbols), the target's CPU features against this CPU, constants against their slots.
+    sizes, indices, launches against their kernels' parameters; for CPU kernels, those parameters
+    against the signature compiled into each kernel's object code, the object code itself (ELF for this
+    machine, allow-listed symbols) and the target's CPU features against this CPU; for CUDA kernels,
+    their launch tables and CUBINs (`cuda_library.load_kernel`) and, when there is a GPU, its
+    architecture against theirs; constants against their slots.
 
     Args:
         path: the file.
@@ -460,25 +489,37 @@ def load(path: str | Path, trust: bool = False) -> Library:
     Raises:
         LibraryTrustError: for a file whose tag does not verify (not written by this user's kiln, or altered).
         LibraryFormatError: for a file that is not a kiln library, is truncated, fails its checksum, or
-            whose header is inconsistent with itself or its kernels.
+            whose header is inconsistent with itself or its kernels; for CUDA kernels the current GPU
+            cannot run (naming the library, the kernel and both architectures).
         TrustSetupError: when the secret key file is unsafe or cannot be created.
     """
     data = Path(path).read_bytes()
     where = f"kiln library {str(path)!r}"
     header, blobs = _decode_file(data, where, trust)
-    c = _Checker(where)
+    c = HeaderChecker(where)
     try:
         target = Target(c.of(header["target"], str, "target"))
     except KilnError as e:
         raise c.fail("target", str(e)) from e
-    if target.kind.get_attr(TDeviceType) != "cpu":
-        raise c.fail("target", f"{target} is not a CPU target")
-    try:
-        check_host_target(target)
-    except LibraryFormatError as e:
-        raise LibraryFormatError(f"{where}: {e}") from e
-    kernels = [_load_kernel(c, k, i, blobs) for i, k in enumerate(c.list_(header["kernels"], "kernels"))]
-    graph = _graph(c, header, blobs, [params for _, params, _ in kernels])
-    modules = [Module(_signature(name, params), target, obj, []) for name, params, obj in kernels]
+    device = target.kind.get_attr(TDeviceType)
+    entries = c.list_(header["kernels"], "kernels")
+    modules: list[Any]
+    if device == "cuda":
+        from kiln.runtime import cuda_library  # it imports this module
+
+        loaded = [cuda_library.load_kernel(c, k, i, blobs, target) for i, k in enumerate(entries)]
+        graph = _graph(c, header, blobs, [params for _, params in loaded])
+        cuda_library.check_device(c, [m for m, _ in loaded])
+        modules = [m for m, _ in loaded]
+    elif device == "cpu":
+        try:
+            check_host_target(target)
+        except LibraryFormatError as e:
+            raise LibraryFormatError(f"{where}: {e}") from e
+        kernels = [_load_kernel(c, k, i, blobs) for i, k in enumerate(entries)]
+        graph = _graph(c, header, blobs, [params for _, params, _ in kernels])
+        modules = [Module(signature(name, params), target, obj, []) for name, params, obj in kernels]
+    else:
+        raise c.fail("target", f"{target} runs on device type {device!r}; kiln loads CPU and CUDA libraries")
     key = header.get("cache_key")
     return Library(graph, modules, target, c.of(key, str, "cache_key") if key is not None else None)

@@ -14,8 +14,9 @@ renamed to another key is refused. A refused or unreadable entry is deleted
 and the model compiled. Entries live in `libraries/` of the kernel cache's
 folder (`$KILN_CACHE_DIR`, default `~/.cache/kiln`; `KILN_CACHE=0` turns it
 off), owned by the user and closed to others; at most `MAX_ENTRIES` files and
-`MAX_BYTES` in all are kept, the least recently used removed first. CPU
-libraries only (a CUDA library cannot be exported yet).
+`MAX_BYTES` in all are kept, the least recently used removed first. CPU and
+CUDA libraries alike: a CUDA entry holds CUBINs, and one whose architecture
+the current GPU cannot run is refused by `load` (then deleted and rebuilt).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def find(key: str) -> Library | None:
         trust.check_private_folder(d, "kiln cache folder")
     try:
         lib = load(file)
-    except (KilnError, OSError):  # altered, truncated, not ours, for another CPU: compile instead
+    except (KilnError, OSError):  # altered, truncated, not ours, for another CPU or GPU: compile instead
         lib = None
     if lib is None or lib.cache_key != key:
         with contextlib.suppress(OSError):

@@ -90,3 +90,15 @@ def cuda_device(ordinal: int = 0) -> dict[str, Any] | None:
         "registers-per-block": int(props["regsPerBlock"]),
         "multiprocessor-count": int(props["multiProcessorCount"]),
     }
+
+
+@functools.cache
+def nvrtc_version() -> tuple[int, int] | None:
+    """NVRTC's (major, minor) version, or None without cupy's NVRTC (it compiles kiln's CUDA kernels)."""
+    try:
+        from cupy.cuda import nvrtc
+
+        major, minor = nvrtc.getVersion()
+    except Exception:  # ImportError, or cupy's error when the NVRTC library cannot be loaded
+        return None
+    return int(major), int(minor)

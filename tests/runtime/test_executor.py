@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import attrs
 import cuda_standin
 import numpy as np
 import pytest
+from cuda_standin import FAKE_CUPY, DLPackOnDevice, HostArray
 
 import kiln
 from kiln import relay, runtime, te
@@ -18,8 +20,10 @@ from kiln.ir.span import Span, span_scope
 from kiln.ir.transform import PassContext
 from kiln.relay.backend.build_module import BuildError, build
 from kiln.runtime import executor as executor_module
+from kiln.runtime.cuda_module import CudaModule
 from kiln.runtime.executor import MAX_ELEMENTS, _Device, slot_bytes
 from kiln.runtime.library import Library
+from kiln.testing import models
 
 RNG = np.random.default_rng(13)
 
@@ -169,6 +173,8 @@ class _OrderKeepingCupy:
             self.a = a
             self.flags = a.flags
             self.dtype, self.shape = a.dtype, a.shape
+            self.device = SimpleNamespace(id=0)
+            self.data = SimpleNamespace(ptr=a.ctypes.data)
 
         def copy(self) -> _OrderKeepingCupy.ndarray:
             return _OrderKeepingCupy.ndarray(self.a.copy(order="C"))
@@ -176,6 +182,8 @@ class _OrderKeepingCupy:
     @staticmethod
     def asarray(a: np.ndarray) -> _OrderKeepingCupy.ndarray:
         return _OrderKeepingCupy.ndarray(np.array(a, order="K", copy=True))
+
+    cuda = SimpleNamespace(Device=lambda: SimpleNamespace(id=0))
 
 
 def test_device_put_makes_host_and_device_arrays_c_ordered(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -194,6 +202,221 @@ def test_device_put_makes_host_and_device_arrays_c_ordered(monkeypatch: pytest.M
     assert put.flags.c_contiguous and put is not on_device
     np.testing.assert_array_equal(put.a, x)
     assert not dev.fits(x)  # a numpy array always goes to the device through put
+
+
+# -- DLPack inputs (torch, jax) and the CUDA fast path -------------------------------------------------
+
+
+class HostDLPack:
+    """Only the DLPack protocol of a host array, as a CPU torch tensor or jax array offers it."""
+
+    def __init__(self, a: np.ndarray, device_type: int = 1) -> None:
+        self.a = a
+        self.device_type = device_type
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.a.__dlpack__(**kwargs)  # max_version: a versioned, writeable export
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (self.device_type, 0)
+
+
+class RefusingDLPack(HostDLPack):
+    """A producer that refuses to export, as torch does for a tensor that requires grad."""
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        raise RuntimeError("Can't export tensors that require gradient, use tensor.detach()")
+
+
+def test_dlpack_inputs_on_the_cpu_are_read_in_place() -> None:
+    ex = dense_model().create_executor()
+    x = RNG.standard_normal((4, 8)).astype("float32")
+    w = RNG.standard_normal((3, 8)).astype("float32")
+    for _ in range(2):  # the checked run, then the fast path
+        np.testing.assert_allclose(ex(x=HostDLPack(x), w=HostDLPack(w)), x @ w.T, rtol=1e-5, atol=1e-6)
+    ex.set_input("x", HostDLPack(x))
+    assert np.shares_memory(ex._state.bound[ex._names["x"]], x)  # no copy
+    fortran = np.asfortranarray(x)  # a layout the kernels cannot take is copied, as a numpy one is
+    np.testing.assert_allclose(ex(x=HostDLPack(fortran), w=w), x @ w.T, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (HostDLPack(np.zeros((4, 8))), "input 'x': expected dtype float32, got float64"),
+    (HostDLPack(np.zeros((8, 4), np.float32)), r"input 'x': expected shape \(4, 8\), got \(8, 4\)"),
+    (HostDLPack(np.zeros((4, 8), np.float32), device_type=2), "input 'x': a HostDLPack on DLPack device type 2, "
+                                                               "not in host memory; this library runs on the CPU"),
+    (RefusingDLPack(np.zeros((4, 8), np.float32)), "input 'x': numpy cannot read this RefusingDLPack through "
+                                                   "DLPack .RuntimeError: Can't export tensors that require grad"),
+])
+def test_bad_dlpack_inputs_are_refused_naming_the_input(value: Any, message: str) -> None:
+    with pytest.raises(runtime.ExecutorError, match=message):
+        dense_model().create_executor()(x=value, w=np.ones((3, 8), np.float32))
+
+
+CHAIN_C = RNG.standard_normal((2, 16)).astype("float32")
+CHAIN_B = RNG.standard_normal(16).astype("float32")
+
+
+def chain_numpy(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x * CHAIN_C + CHAIN_B, 0)
+
+
+def cuda_chain(target: str = "cuda -arch=sm_90") -> tuple[Library, np.ndarray, np.ndarray]:
+    """x * C, + B, relu: three launches (FuseOps off) with intermediates between them; an input; its result."""
+    x = relay.var("x", shape=(2, 16))
+    with PassContext(opt_level=3, disabled_pass=["FuseOps"]):
+        func = relay.Function([x], relay.nn.relu(relay.add(relay.multiply(x, relay.const(CHAIN_C)),
+                                                           relay.const(CHAIN_B))))
+        lib = build(func, target=target)
+    a = RNG.standard_normal((2, 16)).astype("float32")
+    return lib, a, chain_numpy(a)
+
+
+@cuda_standin.needs_gxx
+def test_device_dlpack_inputs_are_used_in_place_and_host_ones_copied_over(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Any) -> None:
+    cuda_standin.install(monkeypatch, tmp_path)
+    lib, x, want = cuda_chain()
+    ex = lib.create_executor()
+    on_device = HostArray(x)
+    for value in (DLPackOnDevice(on_device), HostDLPack(x), DLPackOnDevice(HostArray(np.asfortranarray(x)))):
+        for _ in range(2):
+            out = ex(x=value)
+            assert isinstance(out, HostArray)
+            np.testing.assert_allclose(out.get(), want, rtol=1e-4, atol=1e-5)
+    ex.set_input("x", DLPackOnDevice(on_device))
+    assert ex._state.bound[ex._names["x"]].data.ptr == on_device.data.ptr  # cupy.from_dlpack: no copy
+    with pytest.raises(runtime.ExecutorError, match=r"input 'x': expected shape \(2, 16\), got \(16, 2\)"):
+        ex(x=DLPackOnDevice(HostArray(x.T)))
+    with pytest.raises(runtime.ExecutorError, match="input 'x': expected dtype float32, got float64"):
+        ex(x=DLPackOnDevice(HostArray(x.astype("float64"))))
+    with pytest.raises(runtime.ExecutorError, match="input 'x': a DLPackOnDevice on DLPack device type 10, which "
+                                                    "is neither the host nor a CUDA GPU"):
+        ex(x=DLPackOnDevice(on_device, device_type=10))  # ROCm
+
+
+def _named_launches(launches: Any, start: int, names: dict[int, str]) -> list[tuple[Any, ...]]:
+    """The launches from `start` on, each argument a name where it is a known pointer."""
+    return [(*launch, tuple(names.get(a, a) for a in args))
+            for launch, args in zip(launches[start:], launches.arguments[start:], strict=True)]
+
+
+@cuda_standin.needs_gxx
+def test_the_cuda_fast_path_launches_what_the_checked_path_does(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Any) -> None:
+    launches = cuda_standin.install(monkeypatch, tmp_path)
+    lib, x, want = cuda_chain()
+    ex = lib.create_executor()
+    g = lib.graph
+    fixed = {v.data.ptr: f"slot {s}" for s, v in enumerate(ex._values) if v is not None}  # constants, intermediates
+    runs = []
+    for n in range(3):
+        start = len(launches)
+        out = ex(x=x)
+        np.testing.assert_allclose(out.get(), want, rtol=1e-4, atol=1e-5)
+        names = {**fixed, ex._state.bound[g.inputs[0]].data.ptr: "x", out.data.ptr: "output"}
+        runs.append(_named_launches(launches, start, names))
+        if n == 0:
+            assert ex._cuda is not None  # bound after the checked run
+            # from now on no module checks anything: the fast path launches on its own
+            monkeypatch.setattr(CudaModule, "__call__", lambda *a: pytest.fail("the checked path ran"))
+    assert runs[0] == runs[1] == runs[2]
+    assert [name for name, *_ in runs[0]] == ["fused_0_kernel0", "fused_1_kernel0", "fused_2_kernel0"]
+    assert all(isinstance(a, str) for run in runs for *_, args in run for a in args)  # every pointer is known
+    assert runs[0][0][-1][0] == "x" and runs[0][2][-1][-1] == "output"
+
+
+@cuda_standin.needs_gxx
+def test_the_cuda_fast_path_is_left_when_the_current_device_changes(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Any) -> None:
+    cuda_standin.install(monkeypatch, tmp_path)
+    lib, x, _ = cuda_chain()
+    ex = lib.create_executor()
+    ex(x=x)
+    assert ex._cuda is not None
+    monkeypatch.setattr(FAKE_CUPY.cuda, "Device", lambda: SimpleNamespace(id=1, compute_capability="90"))
+    # the executor's buffers are on device 0: the checked path says so, where the fast path would launch
+    with pytest.raises(runtime.ArgumentError, match="on device 0, the kernels run on the current device 1"):
+        ex(x=x)
+
+
+@cuda_standin.needs_gxx
+def test_a_cuda_graph_replays_the_fast_path_between_copies_of_inputs_and_outputs(monkeypatch: pytest.MonkeyPatch,
+                                                                                 tmp_path: Any) -> None:
+    launches = cuda_standin.install(monkeypatch, tmp_path)
+    lib, x, _ = cuda_chain()
+    ex = lib.create_executor(cuda_graph=True)
+    outs = []
+    for n in range(4):  # the checked run, then the capture and three replays, each on other inputs
+        xn = x * (n - 1.5)
+        outs.append(ex(x=xn))
+        np.testing.assert_allclose(outs[-1].get(), chain_numpy(xn), rtol=1e-5, atol=1e-6)
+    assert ex._graph is not None and ex._graph.launched == 3
+    assert len({o.data.ptr for o in outs}) == 4  # every run's output is an array of its own
+    names = [name for name, *_ in launches]
+    assert names == ["fused_0_kernel0", "fused_1_kernel0", "fused_2_kernel0"] * 4
+    buffers = {b.data.ptr for b in ex._graph_buffers.values()}
+    assert launches.arguments[-3][0] in buffers and launches.arguments[-1][-1] in buffers  # what it captured on
+    with pytest.raises(runtime.ExecutorError, match="cuda_graph=True replays CUDA launches; this library is for llvm"):
+        dense_model().create_executor(cuda_graph=True)
+
+
+@pytest.mark.gpu
+@cuda_standin.gpu
+def test_gpu_cuda_graph_matches_the_launches_one_by_one() -> None:
+    import cupy
+
+    lib, _, _ = cuda_chain("cuda")
+    plain, graphed = lib.create_executor(), lib.create_executor(cuda_graph=True)
+    outs = []
+    for _ in range(4):
+        x = RNG.standard_normal((2, 16)).astype("float32")
+        want = plain(x=x).get()
+        got = graphed(x=cupy.asarray(x))
+        outs.append(got)
+        np.testing.assert_array_equal(got.get(), want)
+        np.testing.assert_allclose(want, chain_numpy(x), rtol=1e-5, atol=1e-6)
+    assert graphed._graph is not None and len({o.data.ptr for o in outs}) == 4
+
+
+@pytest.mark.gpu
+@cuda_standin.gpu
+def test_gpu_torch_and_cupy_dlpack_inputs_are_used_without_a_copy() -> None:
+    import cupy
+
+    lib, x, want = cuda_chain("cuda")
+    ex = lib.create_executor()
+    on_gpu = cupy.asarray(x)
+    ex.set_input("x", DLPackOnDevice(on_gpu))  # only the protocol: cupy.from_dlpack reads it
+    assert ex._state.bound[ex._names["x"]].data.ptr == on_gpu.data.ptr
+    ex.run()
+    np.testing.assert_allclose(ex.get_output(0).get(), want, rtol=1e-5, atol=1e-6)
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(x).cuda()
+    for _ in range(2):
+        out = ex(x=t)
+        assert isinstance(out, cupy.ndarray)
+        np.testing.assert_allclose(out.get(), want, rtol=1e-5, atol=1e-6)
+    ex.set_input("x", t)
+    assert ex._state.bound[ex._names["x"]].data.ptr == t.data_ptr()
+    np.testing.assert_allclose(ex(x=torch.from_numpy(x)).get(), want, rtol=1e-5, atol=1e-6)  # a host tensor
+    np.testing.assert_allclose(ex(x=t.T.contiguous().T).get(), want, rtol=1e-5, atol=1e-6)  # column-major
+    with pytest.raises(runtime.ExecutorError, match="input 'x': expected dtype float32, got float64"):
+        ex(x=t.double())
+
+
+@pytest.mark.gpu
+@cuda_standin.gpu
+def test_gpu_fast_path_matches_the_checked_path() -> None:
+    func, params = models.cnn(size=8, channels=(2, 4))
+    x = RNG.standard_normal((1, 3, 8, 8)).astype("float32")
+    lib = build(func, target="cuda", params=params)
+    ex = lib.create_executor()
+    checked = ex(x=x).get()
+    assert ex._cuda is not None
+    for _ in range(3):
+        np.testing.assert_array_equal(ex(x=x).get(), checked)
+    np.testing.assert_allclose(checked, models.cnn_numpy(x, params), rtol=1e-3, atol=1e-4)
 
 
 # -- threads --------------------------------------------------------------------------------------------

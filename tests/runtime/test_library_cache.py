@@ -83,3 +83,44 @@ def test_a_registration_from_user_code_turns_the_cache_off(tmp_path: Path) -> No
     assert _build(tmp_path, mode="register")["key"] is None
     assert _build(tmp_path, mode="register")["compiled"]
     assert not _entries(tmp_path)
+
+
+_CUDA_SCRIPT = textwrap.dedent("""
+    import hashlib, json, sys
+    import numpy as np
+    from kiln import relay
+    from kiln.relay.backend import build_module, te_compiler
+
+    compiled = []
+    original = te_compiler.compile_primitive
+    def counting(*a, **k):
+        compiled.append(1)
+        return original(*a, **k)
+    te_compiler.compile_primitive = build_module.compile_primitive = counting
+
+    x = relay.var("x", shape=(4, 8))
+    w = relay.const(np.full((16, 8), 1.0, np.float32))
+    f = relay.Function([x], relay.nn.relu(relay.nn.dense(x, w)))
+    lib = relay.build(f, target=sys.argv[1])
+    print(json.dumps({"compiled": len(compiled), "from_cache": lib.cache_key is not None,
+                      "kernels": [type(k).__name__ for k in lib.kernels],
+                      "cubins": [hashlib.sha256(k.cubin).hexdigest() for k in lib.kernels]}))
+""")
+
+
+def _build_cuda(tmp_path: Path, target: str) -> dict[str, object]:
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache"), "KILN_CACHE": "1"}
+    done = subprocess.run([sys.executable, "-c", _CUDA_SCRIPT, target], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_cuda_libraries_are_stored_and_loaded_per_architecture(tmp_path: Path) -> None:
+    first = _build_cuda(tmp_path, "cuda -arch=sm_90")
+    assert first["compiled"] and not first["from_cache"] and first["kernels"] == ["CudaModule"]
+    second = _build_cuda(tmp_path, "cuda -arch=sm_90")
+    assert second == {**first, "compiled": 0, "from_cache": True}  # the same CUBINs, nothing compiled
+    other = _build_cuda(tmp_path, "cuda -arch=sm_80")  # another arch: another key
+    assert other["compiled"] and not other["from_cache"] and other["cubins"] != first["cubins"]
+    assert len(_entries(tmp_path)) == 2

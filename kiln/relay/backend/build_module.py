@@ -218,6 +218,7 @@ class _GraphBuilder:
 
 
 _COMPILE_THREADS = min(4, detect.host_cpu().num_cores)  # as many as the code generator has compiler children
+_NVRTC_THREADS = min(16, detect.host_cpu().num_cores)  # NVRTC compiles in this process, off its lock: a core each
 
 
 def _compile_ahead(func: rx.Function, target: Target, progress: Callable[[int, int], None] | None) -> None:
@@ -254,7 +255,8 @@ def _compile_ahead(func: rx.Function, target: Target, progress: Callable[[int, i
             if progress is not None:
                 progress(done, len(prims))
 
-    with concurrent.futures.ThreadPoolExecutor(_COMPILE_THREADS, thread_name_prefix="kiln-compile") as pool:
+    threads = _NVRTC_THREADS if target.kind.get_attr(TDeviceType) == "cuda" else _COMPILE_THREADS
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="kiln-compile") as pool:
         list(pool.map(compile_one, range(len(prims))))
 
 
@@ -321,23 +323,28 @@ def build(
 
 def library_key(mod: IRModule | rx.Function, params: Mapping[str, Any] | None, target: Target) -> str | None:
     """The key `relay.build` stores its library under (`runtime.library_cache`), or None where it does
-    not cache: the caches are off, the target is not a CPU, or code outside kiln has registered something
-    (then what a build makes depends on code no key covers).
+    not cache: the caches are off, the target is neither a CPU nor a CUDA GPU, or code outside kiln has
+    registered something (then what a build makes depends on code no key covers).
 
-    The sha256 of everything the build reads: kiln's own source and llvmlite's version, the target,
-    the PassContext, main's text (its params' types and every attr; not the types inferred, so a typed and
-    an untyped copy of one model share the key) and the bytes of its constants and params.
+    The sha256 of everything the build reads: kiln's own source and its compiler's version (llvmlite's;
+    for cuda NVRTC's too), the target (for cuda, its arch: the machine's GPU's where the target names
+    none), the PassContext, main's text (its params' types and every attr; not the types inferred, so a
+    typed and an untyped copy of one model share the key) and the bytes of its constants and params.
     """
     if not library_cache.enabled() or foreign_registration() is not None:
         return None
-    if target.kind.get_attr(TDeviceType) != "cpu":
+    device = target.kind.get_attr(TDeviceType)
+    if device not in ("cpu", "cuda"):
         return None
+    compiler = importlib.metadata.version("llvmlite")
+    if device == "cuda":
+        compiler += f" nvrtc {detect.nvrtc_version()} arch {target.get('arch')}"
     func = mod if isinstance(mod, rx.Function) else mod["main"]
     if not isinstance(func, rx.Function):
         return None
     ctx = build_context()
     h = hashlib.sha256()
-    for part in (source_digest(), importlib.metadata.version("llvmlite"), str(target), str(ctx.opt_level),
+    for part in (source_digest(), compiler, str(target), str(ctx.opt_level),
                  repr(sorted(ctx.config.items())), repr(sorted(ctx.required_pass)), repr(sorted(ctx.disabled_pass)),
                  astext(func, show_types=False, show_meta_data=False)):
         h.update(part.encode())
