@@ -138,6 +138,8 @@ class ObjectFile:
             raise self._error(f"section-name table {shstrndx} is not a string table")
         table = self._bytes(names)
         for i, sec in enumerate(self.sections):
+            if sec.type == _SHT_STRTAB and not self._bytes(sec).endswith(b"\0"):  # LLVM aborts on one
+                raise self._error(f"string table {i} is empty or does not end in a NUL byte")
             if sec.name >= max(len(table), 1) or table.find(b"\0", sec.name) < 0:
                 raise self._error(f"section {i}: name offset {sec.name} is not within the section-name table")
             if sec.type == _SHT_SYMTAB and (sec.link >= count or self.sections[sec.link].type != _SHT_STRTAB):

@@ -323,6 +323,7 @@ def test_negative_and_inconsistent_blob_sizes_are_refused(lib_file: Path) -> Non
     ("aarch64", "object code of kernel 'fused_0': code for aarch64, but this machine is x86_64"),
     ("big-endian", "not 64-bit little-endian ELF"),
     ("sections", r"section 1 \(.* bytes at .*\) is not within"),
+    ("strtab", r"string table \d+ is empty or does not end in a NUL byte"),  # LLVM aborted on one (a fuzz find)
 ])
 def test_garbage_truncated_empty_and_foreign_object_code_is_refused(lib_file: Path, blob: Any,
                                                                    message: str) -> None:
@@ -338,6 +339,11 @@ def test_garbage_truncated_empty_and_foreign_object_code_is_refused(lib_file: Pa
             obj[18:20] = struct.pack("<H", 183)
         elif blob == "big-endian":
             obj[5] = 2
+        elif blob == "strtab":
+            (shoff,) = struct.unpack_from("<Q", obj, 40)
+            (names,) = struct.unpack_from("<H", obj, 62)
+            off, size = struct.unpack_from("<QQ", obj, shoff + 64 * names + 24)
+            obj[off + size - 1] = ord("x")
         elif blob == "sections":
             (shoff,) = struct.unpack_from("<Q", obj, 40)
             struct.pack_into("<Q", obj, shoff + 64 + 24, len(obj) - 8)  # section 1's offset near the end
