@@ -83,3 +83,18 @@ def test_inputs_gives_token_ids_below_the_vocabulary_and_a_padding_mask() -> Non
 def test_unknown_model_names_the_zoo() -> None:
     with pytest.raises(KeyError, match="resnet50"):
         zoo.build("resnet51")
+
+
+@pytest.mark.parametrize("name", list(zoo.ZOO))
+def test_small_zoo_model_compiles_to_cubins_for_sm80_and_sm90(name: str) -> None:
+    """What CI can check of the zoo on cuda without a GPU: every kernel of every model compiles (NVRTC), for
+    both archs; bench/gpu.py runs the real sizes on a GPU against onnxruntime."""
+    pytest.importorskip("cupy")
+    from kiln.runtime.cubin import read_cubin
+
+    mod, params = from_onnx(zoo.build(name, small=True))
+    for arch in ("sm_80", "sm_90"):
+        lib = relay.build(mod, target=f"cuda -arch={arch}", params=params)
+        assert lib.kernels
+        for kernel in lib.kernels:
+            assert read_cubin(kernel.cubin).sm == int(arch[3:]), (name, kernel.name)
