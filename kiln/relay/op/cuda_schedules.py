@@ -44,11 +44,7 @@ _MIN_BLOCKS = 132  # blocks that give every multiprocessor of an H100-class devi
 
 def _product_tiles(batch: int, m: int, n: int) -> tuple[int, int]:
     """Per-thread rows and columns (tm, tn) of a product's register tile: the largest of 8, 4, 2 whose
-    grid still has `_MIN_BLOCKS` blocks (or 2, for a small product).
-
-    Never 1: the guard of a tile past the edge of C then depends on the thread
-    loops alone, lowering places it around them, and the barriers of the
-    shared panels inside would be under a condition that differs between threads.
+    grid still has `_MIN_BLOCKS` blocks (or 2, for a small product: a 1-wide tile reuses nothing it loads).
     """
     for t in (8, 4):
         side = _THREADS * t
@@ -113,14 +109,19 @@ def schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: S
     local.unroll(lm)
     local.unroll(ln)
     for operand in dict.fromkeys(local.op.input_tensors):  # a and b, once each (a @ a reads one tensor)
-        panel = sch.cache_read(operand, "shared", [local], axes=_k_first(local.op, operand))
-        fill = sch[panel]
-        fill.compute_at(local, ko)
-        flat = fill.fuse(*fill.op.axis) if len(fill.op.axis) > 1 else fill.op.axis[0]
-        rest, tx = fill.split(flat, factor=_THREADS)
-        _, ty = fill.split(rest, factor=_THREADS)
-        fill.bind(ty, te.thread_axis("threadIdx.y"))
-        fill.bind(tx, te.thread_axis("threadIdx.x"))
+        _stage_panel(sch, operand, local, ko, _k_first(local.op, operand))
+
+
+def _stage_panel(sch: te.Schedule, operand: te.Tensor, local: te.Stage, step: Any, axes: Any) -> None:
+    """A shared copy of what `local` reads of `operand` in one iteration of `step` (laid out by `axes`),
+    filled by the block's 16 x 16 threads together, each copying every 256th element."""
+    fill = sch[sch.cache_read(operand, "shared", [local], axes=axes)]
+    fill.compute_at(local, step)
+    flat = fill.fuse(*fill.op.axis) if len(fill.op.axis) > 1 else fill.op.axis[0]
+    rest, tx = fill.split(flat, factor=_THREADS)
+    _, ty = fill.split(rest, factor=_THREADS)
+    fill.bind(ty, te.thread_axis("threadIdx.y"))
+    fill.bind(tx, te.thread_axis("threadIdx.x"))
 
 
 def _pixel_tiles(oh: int, ow: int, limit: int) -> tuple[int, int]:
@@ -193,11 +194,5 @@ def schedule_conv2d(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Se
     local.reorder(rco, rci, ry, rx, lo, ly, lx)
     for axis in (ry, rx, lo, ly, lx):
         local.unroll(axis)
-    for operand, axes in ((pad, None), (weight, (1, 2, 3, 0))):  # weights channel-last: a thread's tm in a row
-        panel = sch.cache_read(operand, "shared", [local], axes=axes)
-        fill = sch[panel]
-        fill.compute_at(local, rco)
-        rest, tx = fill.split(fill.fuse(*fill.op.axis), factor=_THREADS)
-        _, ty = fill.split(rest, factor=_THREADS)
-        fill.bind(ty, te.thread_axis("threadIdx.y"))
-        fill.bind(tx, te.thread_axis("threadIdx.x"))
+    _stage_panel(sch, pad, local, rco, None)
+    _stage_panel(sch, weight, local, rco, (1, 2, 3, 0))  # channel-last: a thread's tm channels in a row
