@@ -28,7 +28,7 @@ from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import accumulator, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import tensor_args
-from kiln.relay.op._schedule import schedule_injective_stage
+from kiln.relay.op._schedule import KEEP, op_attr, schedule_injective_stage, static_size, worth_parallel
 from kiln.relay.op.conv import (
     DATA_AXES,
     from_nchw,
@@ -177,19 +177,107 @@ class _Window:
         return read_window(self.data, self.attrs.layout, n, c, self.row(y, self.ry), self.col(x, self.rx),
                            (self.h, self.w), self.guard, fill)
 
-    def compute(self, body: Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr], name: str) -> te.Tensor:
-        """The output tensor of `body(n, c, y, x)`, in the attrs' layout."""
+    def tap(self, n: PrimExpr, c: PrimExpr, y: PrimExpr, x: PrimExpr, ry: int, rx: int, fill: PrimExpr) -> PrimExpr:
+        """The tap (ry, rx) of output element (n, c, y, x), a window position given as numbers; `fill` off the input."""
+        return read_window(self.data, self.attrs.layout, n, c, self.row(y, tx.const(ry)), self.col(x, tx.const(rx)),
+                           (self.h, self.w), self.guard, fill)
+
+    def compute(self, body: Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr], name: str,
+                marks: dict[str, Any] | None = None) -> te.Tensor:
+        """The output tensor of `body(n, c, y, x)`, in the attrs' layout, its compute carrying `marks`."""
         if self.attrs.layout == "NCHW":
-            return te.compute(self.shape, body, name=name)
-        return te.compute(self.shape, lambda n, y, x, c: body(n, c, y, x), name=name)
+            return te.compute(self.shape, body, name=name, attrs=marks)
+        return te.compute(self.shape, lambda n, y, x, c: body(n, c, y, x), name=name, attrs=marks)
+
+
+_UNROLL_TAPS = 49  # windows up to 7x7 are unrolled inside the row loop
+_TAPS = "kiln.pool.taps"  # ComputeOp attr of a max pool written as one expression of its taps (no reduction)
+_FLAT = "kiln.pool.flat"  # ComputeOp attr of the window maxima along a flat channel plane (`_max_pool2d_flat`)
+_SHORT_ROW = 16  # output rows shorter than one vector of float32: the flat form
+
+
+def _tree(values: list[PrimExpr], combine: Callable[[PrimExpr, PrimExpr], PrimExpr]) -> PrimExpr:
+    """`combine` over `values` as a balanced tree: independent operations, not one chain of latencies."""
+    while len(values) > 1:
+        values = [combine(*values[i:i + 2]) if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+    return values[0]
+
+
+def _greater(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    """`a if a > b else b`: the maximum of two numbers, one `maxps` on x86 (which gives b where either is NaN)."""
+    return tx.select(a > b, a, b)
+
+
+def _unordered(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    """Whether a or b is NaN (LLVM folds the two tests into one unordered compare)."""
+    return tx.any_of(tx.Call("bool", "isnan", (a,)), tx.Call("bool", "isnan", (b,)))
+
+
+def _max_of_taps(taps: list[PrimExpr]) -> PrimExpr:
+    """The maximum of `taps`, NaN where any tap is NaN (as numpy's maximum).
+
+    llvm.maximum per tap costs six instructions on AVX-512 (the sign of zero and the NaN fixed on every
+    step, one chain through all taps); here the taps take one plain max each, in a tree, one unordered
+    compare per pair of taps, and a single select of NaN at the end.
+    """
+    most = _tree(taps, _greater)
+    if not np.issubdtype(np.dtype(taps[0].dtype), np.floating):
+        return most
+    pairs = [_unordered(*taps[i:i + 2]) if i + 1 < len(taps) else _unordered(taps[i], taps[i])
+             for i in range(0, len(taps), 2)]
+    return tx.select(_tree(pairs, tx.any_of), te.const(float("nan"), taps[0].dtype), most)
 
 
 def _max_pool2d_compute(attrs: MaxPool2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """The maximum over each window; a window of up to `_UNROLL_TAPS` taps as one expression of its taps."""
     (data,) = inputs
     win = _Window(attrs, data, out_type)
     lowest = _lowest(data.dtype)
-    return [win.compute(lambda n, c, y, x: te.max(win.read(n, c, y, x, lowest), axis=[win.ry, win.rx]),
-                        "max_pool2d")]
+    (kh, kw) = attrs.pool_size
+    if kh * kw > _UNROLL_TAPS:
+        return [win.compute(lambda n, c, y, x: te.max(win.read(n, c, y, x, lowest), axis=[win.ry, win.rx]),
+                            "max_pool2d")]
+
+    ow = pick(win.shape, DATA_AXES[attrs.layout])[3]
+    if attrs.layout == "NCHW" and win.guard == (False, False) and ow < _SHORT_ROW:
+        return [_max_pool2d_flat(attrs, data, win.shape)]
+
+    def body(n: PrimExpr, c: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
+        return _max_of_taps([win.tap(n, c, y, x, ry, rx, lowest) for ry in range(kh) for rx in range(kw)])
+
+    return [win.compute(body, "max_pool2d", {_TAPS: True})]
+
+
+def _max_pool2d_flat(attrs: MaxPool2DAttrs, data: te.Tensor, shape: Sequence[int]) -> te.Tensor:
+    """An NCHW max pool of short output rows whose windows all lie in the input (no padding, no overhang).
+
+    LLVM vectorizes no loop of fewer than 16 strided iterations (it makes gathers or scalars instead), so
+    each channel plane is taken as one flat row, in two passes along it, each vectorized with contiguous
+    loads into a buffer of the plane: the maximum of each column's window taps (read from the
+    input at flat position i, the row i // W and column i % W of its top tap), then the maximum of those
+    along the row (at flat positions i + rx * dilation). Positions whose window would wrap past a row's
+    end are computed and never read: the output picks the positions of its windows.
+    """
+    n, c, oh, ow = shape
+    w = static_shape(TensorType(tensor_shape(data), data.dtype))[3]
+    (kh, kw), (sh, sw), (dh, dw) = attrs.pool_size, attrs.strides, attrs.dilation
+    span = (oh - 1) * sh * w + (ow - 1) * sw + 1  # flat positions up to the last window's top-left tap
+
+    def column(b: PrimExpr, ch: PrimExpr, i: PrimExpr) -> PrimExpr:
+        # i // W + k and i % W (not (i + k * W) // W): LLVM folds this flat offset back to i + k * W
+        return _max_of_taps([data[b, ch, i // w + ry * dh, i % w] for ry in range(kh)])
+
+    columns = te.compute((n, c, span + (kw - 1) * dw), column, name="max_pool2d_columns",
+                         attrs={KEEP: True, _FLAT: True})
+    # The windows at every `step`-th position: with step = the column stride, a long loop of strided loads
+    # (which LLVM vectorizes), and each output row a contiguous run of them.
+    step = sw if sh * w % sw == 0 else 1
+    windows = te.compute(
+        (n, c, (span - 1) // step + 1),
+        lambda b, ch, k: _max_of_taps([columns[b, ch, k * step + rx * dw] for rx in range(kw)]),
+        name="max_pool2d_windows", attrs={KEEP: True, _FLAT: True})
+    return te.compute(shape, lambda b, ch, y, x: windows[b, ch, y * (sh * w // step) + x * (sw // step)],
+                      name="max_pool2d", attrs={_TAPS: True})
 
 
 def _avg_pool2d_compute(attrs: AvgPool2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
@@ -228,9 +316,6 @@ def _avg_pool2d_compute(attrs: AvgPool2DAttrs, inputs: list[te.Tensor], out_type
     return [win.compute(mean, "avg_pool2d")]
 
 
-_UNROLL_TAPS = 49  # windows up to 7x7 are unrolled inside the row loop
-
-
 def _pool_stages(anchor_outs: Sequence[te.Tensor]) -> list[te.Tensor]:
     """The pool's reductions over windows: the anchor and the reductions it reads (its own stages)."""
     stages = [t for a in anchor_outs for t in a.op.input_tensors
@@ -240,7 +325,8 @@ def _pool_stages(anchor_outs: Sequence[te.Tensor]) -> list[te.Tensor]:
 
 def _schedule_pool(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
                    target: Any) -> None:
-    """The rows of the output (all axes but the last, fused) on the cores; a global pool's channels.
+    """The rows of the output (all axes but the last, fused) on the cores; a global pool's channels; a max
+    pool written as an expression of its taps by `_schedule_taps`.
 
     Along a row LLVM vectorizes on its own once the small window loops are
     unrolled; forcing vectors with the window loops outside (accumulating in the
@@ -258,9 +344,33 @@ def _schedule_pool(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Seq
                     math.prod(e.value for e in extents if isinstance(e, tx.IntImm)) <= _UNROLL_TAPS:
                 for r in stage.op.reduce_axis:  # the taps inside the row loop, which LLVM then vectorizes
                     stage.unroll(r)
+    for a in anchor_outs:
+        if op_attr(a, _TAPS):
+            _schedule_taps(sch, a)
     for t in outs:
-        if not (isinstance(t.op, te.ComputeOp) and t.op.reduce_axis):
+        if not (isinstance(t.op, te.ComputeOp) and (t.op.reduce_axis or t.op.attrs.get(_TAPS))):
             schedule_injective_stage(sch, t)
+
+
+def _schedule_taps(sch: te.Schedule, t: te.Tensor) -> None:
+    """A max pool written as an expression of its taps: the rows on the cores, LLVM vectorizing along each
+    (the stride-2 taps as vpermt2ps, a short tail in scalars); in the flat form the channel planes on the
+    cores, each plane's flat window maxima computed in its task, in local buffers, vectorized."""
+    stage = sch[t]
+    axes = list(stage.op.axis)
+    flat = [f for f in t.op.input_tensors if op_attr(f, _FLAT)]
+    flat += [f for g in flat for f in g.op.input_tensors if op_attr(f, _FLAT)]
+    if not flat:
+        if worth_parallel(static_size(t)):
+            stage.parallel(stage.fuse(*axes[:-1]))
+        return
+    plane = stage.fuse(*axes[:2])
+    if worth_parallel(static_size(t)):
+        stage.parallel(plane)
+    for f in flat:
+        sch[f].compute_at(stage, plane)
+        sch[f].set_scope("local")
+        sch[f].vectorize(sch[f].op.axis[-1])
 
 
 (register_op("nn.max_pool2d").describe("the maximum over each 2-D window")
