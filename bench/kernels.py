@@ -11,7 +11,11 @@ Convolutions of real CNNs (ResNet-50, MobileNetV2), batch 1, NCHW float32:
 each a one-node ONNX model, imported with from_onnx and built with relay.build,
 beside onnxruntime on 2 threads. Prints both GFLOP/s and the ratio
 (onnxruntime time / kiln time); the bar is 1.0. `python bench/kernels.py conv`
-runs these rows alone.
+runs these rows alone, `python bench/kernels.py conv 3->` those whose name contains "3->".
+
+Max pools of real CNNs (SqueezeNet 1.1, ResNet-50), batch 1, NCHW float32, beside a one-node ONNX
+MaxPool in onnxruntime on 2 threads: the ratio is onnxruntime time / kiln time, the bar 1.0.
+`python bench/kernels.py pool` runs these rows alone.
 """
 
 from __future__ import annotations
@@ -117,12 +121,15 @@ def numpy_matmul_without_coretype(m: int, n: int, k: int) -> float:
 
 
 # (name, C, O, H=W, kernel, stride, pad, groups): ResNet-50's 3x3, 1x1 and stride-2 convolutions and
-# its 7x7 stem, a deep 3x3, MobileNetV2's depthwise convolutions.
+# the stems of CNNs (3 input channels: ResNet-50's 7x7, SqueezeNet 1.1's 3x3 unpadded, MobileNetV2's and
+# EfficientNet-B0's 3x3), a deep 3x3, MobileNetV2's depthwise convolutions.
 CONVS = [
     ("conv 3x3 64->64 56^2", 64, 64, 56, 3, 1, 1, 1),
     ("conv 1x1 256->64 56^2", 256, 64, 56, 1, 1, 0, 1),
     ("conv 3x3/2 128->128 56^2", 128, 128, 56, 3, 2, 1, 1),
     ("conv 7x7/2 3->64 224^2 (stem)", 3, 64, 224, 7, 2, 3, 1),
+    ("conv 3x3/2 3->64 224^2 (SqueezeNet)", 3, 64, 224, 3, 2, 0, 1),
+    ("conv 3x3/2 3->32 224^2 (MobileNetV2)", 3, 32, 224, 3, 2, 1, 1),
     ("conv 3x3 512->512 7^2", 512, 512, 7, 3, 1, 1, 1),
     ("depthwise 3x3 32ch 112^2", 32, 32, 112, 3, 1, 1, 32),
     ("depthwise 3x3/2 96ch 112^2", 96, 96, 112, 3, 2, 1, 96),
@@ -149,8 +156,9 @@ def conv_model(c: int, o: int, size: int, kernel: int, stride: int, pad: int, gr
     return model
 
 
-def conv_rows(repeat: int = 20, rounds: int = 5) -> None:
-    """Times each of `CONVS` in kiln and in onnxruntime (2 threads) and prints GFLOP/s and the ratio.
+def conv_rows(repeat: int = 20, rounds: int = 5, only: str = "") -> None:
+    """Times each of `CONVS` (those whose name contains `only`) in kiln and in onnxruntime (2 threads)
+    and prints GFLOP/s and the ratio.
 
     Each time is the median of `rounds` medians of `repeat` runs, onnxruntime's and kiln's taken in
     turn (onnxruntime first, its worker threads given a moment to stop spinning), so that a busy
@@ -161,8 +169,10 @@ def conv_rows(repeat: int = 20, rounds: int = 5) -> None:
     from kiln.relay.frontend import from_onnx
 
     rng = np.random.default_rng(1)
-    print(f"{'convolution':32} {'kiln GF/s':>10} {'ORT GF/s':>9} {'ratio':>6} {'bar':>5}  max|diff|")
+    print(f"{'convolution':38} {'kiln GF/s':>10} {'ORT GF/s':>9} {'ratio':>6} {'bar':>5}  max|diff|")
     for name, c, o, size, kernel, stride, pad, groups in CONVS:
+        if only not in name:
+            continue
         model = conv_model(c, o, size, kernel, stride, pad, groups)
         x = rng.standard_normal((1, c, size, size)).astype(np.float32)
         opts = ort.SessionOptions()
@@ -183,7 +193,7 @@ def conv_rows(repeat: int = 20, rounds: int = 5) -> None:
         flop = 2 * o * (c // groups) * kernel**2 * out * out
         diff = float(np.max(np.abs(np.asarray(got) - expected)))
         ratio = t_ort / t_k
-        print(f"{name:32} {flop / t_k / 1e9:10.1f} {flop / t_ort / 1e9:9.1f} {ratio:6.2f} {1.0:5.1f}  {diff:.2g}"
+        print(f"{name:38} {flop / t_k / 1e9:10.1f} {flop / t_ort / 1e9:9.1f} {ratio:6.2f} {1.0:5.1f}  {diff:.2g}"
               f"  {'ok' if ratio >= 1.0 else 'BELOW'}")
 
 
@@ -247,9 +257,57 @@ def softmax_rows(repeat: int = 20, rounds: int = 5) -> None:
               f"{'zmm' in kernel.get_source('asm')}  {flag}")
 
 
+# max pools of real CNNs, all 3x3 stride 2: (name, input shape, padding, ceil_mode)
+POOLS = [
+    ("maxpool 3x3/2 ceil 64ch 111^2 (SqueezeNet)", (1, 64, 111, 111), 0, True),
+    ("maxpool 3x3/2 ceil 128ch 55^2 (SqueezeNet)", (1, 128, 55, 55), 0, True),
+    ("maxpool 3x3/2 ceil 256ch 27^2 (SqueezeNet)", (1, 256, 27, 27), 0, True),
+    ("maxpool 3x3/2 pad 1 64ch 112^2 (ResNet-50)", (1, 64, 112, 112), 1, False),
+]
+
+
+def pool_rows(repeat: int = 40, rounds: int = 5) -> None:
+    """kiln's nn.max_pool2d beside a one-node ONNX MaxPool in onnxruntime (2 threads), each through its run
+    call; the times are medians of `rounds` medians, taken in turn as in `conv_rows`. The bar is 1.0."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    rng = np.random.default_rng(3)
+    print(f"{'max pool (NCHW f32)':44} {'kiln ms':>9} {'ORT ms':>9} {'ratio':>6} {'bar':>5}")
+    for name, shape, pad, ceil in POOLS:
+        node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[pad] * 4,
+                                ceil_mode=int(ceil))
+        values = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(shape)),
+                  helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)]
+        model = helper.make_model(helper.make_graph([node], "pool", values[:1], values[1:]),
+                                  opset_imports=[helper.make_opsetid("", 13)])
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 2
+        session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        v = relay.var("x", shape=shape, dtype="float32")
+        pool = relay.nn.max_pool2d(v, pool_size=3, strides=2, padding=pad, ceil_mode=ceil)
+        ex = relay.build(relay.Function([v], pool)).create_executor()
+        x = rng.standard_normal(shape).astype(np.float32)
+        assert np.array_equal(ex(x=x), session.run(None, {"x": x})[0]), f"{name} differs from onnxruntime"
+        runs = {"ort": lambda s=session, a=x: s.run(None, {"x": a}), "kiln": lambda e=ex, a=x: e(x=a)}
+        times: dict[str, list[float]] = {runner: [] for runner in runs}
+        for _ in range(rounds):
+            for runner, fn in runs.items():
+                time.sleep(0.05)
+                times[runner].append(median_time(fn, repeat=repeat, warmup=2))
+        t_ort, t_k = (float(np.median(times[runner])) for runner in runs)
+        ratio = t_ort / t_k
+        flag = "ok" if ratio >= 1.0 else "BELOW"
+        print(f"{name:44} {t_k * 1e3:9.3f} {t_ort * 1e3:9.3f} {ratio:6.2f} {1.0:5.1f}  {flag}")
+
+
 def main() -> None:
-    if sys.argv[1:] == ["conv"]:
-        conv_rows()
+    if sys.argv[1:] == ["pool"]:
+        pool_rows()
+        return
+    if sys.argv[1:2] == ["conv"]:
+        conv_rows(only=" ".join(sys.argv[2:]))
         return
     if sys.argv[1:] == ["softmax"]:
         softmax_rows()
@@ -300,6 +358,7 @@ def main() -> None:
         flag = "ok" if ratio >= bar else "BELOW"
         print(f"{name:42} {t_np * 1e3:9.2f} {t_k * 1e3:9.2f} {ratio:7.2f} {bar:5.1f}  {zmm}  {flag}")
     conv_rows()
+    pool_rows()
     softmax_rows()
 
 

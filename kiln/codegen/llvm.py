@@ -16,7 +16,8 @@ Choices, and why:
   alias facts survive) and a trampoline that kiln's own thread pool
   (`runtime.pool`, `kiln_parallel_for`) runs per chunk of iterations on up to
   `num-cores` threads, the calling thread among them. A parallel loop inside
-  another one runs serially.
+  another one runs serially. The body clamps its chunk to the loop's constant range, so
+  that LLVM knows the loop variable's range.
 - Floating-point add/sub/mul carry `reassoc contract` (reductions vectorize, a*b+c
   fuses to fma); no `nnan`/`ninf`/`nsz`, so inf and NaN behave as in numpy.
   Signed int32/int64 add/sub/mul carry `nsw` (their overflow is undefined, as in C
@@ -479,6 +480,16 @@ class CodeGenLLVM:
             inner.bufs[key] = body_fn.args[2 + len(var_items) + i]
         lo = self._int_resize(body_fn.args[0], "int64", s.loop_var.dtype)
         hi = self._int_resize(body_fn.args[1], "int64", s.loop_var.dtype)
+        if isinstance(s.min, IntImm) and isinstance(s.extent, IntImm):
+            # The pool's chunk lies inside the loop; clamped to it, the loop variable has a known range,
+            # so LLVM can prove that int32 index arithmetic on it does not wrap (without the clamps it
+            # vectorized the inner loops behind runtime overflow checks, with scalar loops beside them
+            # that kept a tile's accumulators in memory).
+            ib = inner.builder
+            first = ir.Constant(lo.type, s.min.value)
+            last = ir.Constant(hi.type, s.min.value + s.extent.value)
+            lo = ib.select(ib.icmp_signed("<", lo, first), first, lo)
+            hi = ib.select(ib.icmp_signed(">", hi, last), last, hi)
         self._loop(s.loop_var, lo, hi, s.body, None)
         inner.builder.ret_void()
 

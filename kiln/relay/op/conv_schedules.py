@@ -21,6 +21,16 @@ epilogue applied:
 - "pixels" (1x1, stride 1, few input channels): vectorized along the output
   row, `bo` channels x `nv` vectors, each weight a broadcast scalar; the
   output is stored in whole vectors where "ovec" stores an element at a time.
+- "stem" (no groups, up to `_STEM_MAX_C` input channels, a window larger than
+  1x1: the first convolution of a CNN): vectorized along the output row, `bo`
+  channels x `nv` vectors, each weight a broadcast scalar, each tap a
+  contiguous load from the phase planes of the padded input (`phase_planes`:
+  a column stride reads no gathers), made per row of outputs inside the
+  parallel loop, so that the tile indexes them from constants (indexed from
+  the row on the cores, LLVM could not prove the int32 offsets from wrapping
+  and vectorized the tile behind overflow checks, its accumulators in
+  memory). "ovec" would store each output element alone, after only
+  C * KH * KW / L vector multiply-adds (1.7 for a 3x3 over RGB).
 - "depthwise" (groups == input channels): vectorized along the output row,
   `by` rows x `nv` vectors of a channel in registers, one broadcast weight
   per tap, the whole kernel unrolled (up to 5x5), so that the tile loads each
@@ -56,6 +66,8 @@ _UNROLL_TAPS = 3  # kernel widths up to this are unrolled in the micro-kernel (w
 _STAGE_TILE_WORK = 1024  # multiply-adds per output from which the tile is written back through memory
 _PIXELS_MAX_C = 192  # input channels up to which a 1x1 convolution may be vectorized along the row
 _PANEL_TASKS = 8  # channel tiles from which they, not rows, run on the cores (each packing its weights)
+_STEM_MAX_C = 4  # input channels up to which a convolution may be vectorized along the row ("stem")
+_STEM_TASK_CHANNELS = 64  # output rows x channels of a "stem" task at least, where the rows divide OH
 _DW_MAX_ACC = 14  # accumulators of a depthwise tile
 _DW_UNROLL_TAPS = 25  # kernels up to 5x5 are unrolled whole in the depthwise tile (7x7 keeps a loop of rows)
 _DW_STRIP_BYTES = 10 * 1024  # padded input rows made at a time
@@ -482,19 +494,101 @@ def pixels_schedule(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor]) -
 
 
 def _row_tile(sch: te.Schedule, rows: te.Tensor, stage: te.Stage, at: Any, tiled: int, lanes: int) -> None:
-    """The register tile of the row forms ("pixels", "depthwise"), computed at `at` of `stage`: the
-    reduction outermost, then axis `tiled` of the tile (rows or channels) and the vectors of its row
-    unrolled, the lanes vectorized."""
+    """The register tile of the row forms ("pixels", "depthwise", "stem"), computed at `at` of `stage`:
+    the reduction outermost, then axis `tiled` of the tile (rows or channels) and the vectors of its
+    row unrolled, the lanes vectorized."""
     tile = sch[rows]
     tile.compute_at(stage, at)
     tile.set_scope("local")
     axis = tile.op.axis[tiled]
-    (r,) = tile.op.reduce_axis
     txv, txl = tile.split(tile.op.axis[-1], factor=lanes)
-    tile.reorder(r, axis, txv, txl)
+    tile.reorder(*tile.op.reduce_axis, axis, txv, txl)
     tile.unroll(axis)
     tile.unroll(txv)
     tile.vectorize(txl)
+
+
+# --- "stem": few input channels, any window, vectorized along the output row ----------------------
+
+
+def stem_tiles(o: int, ow: int, lanes: int) -> tuple[int, int]:
+    """(bo channels, nv vectors of a row) of the register tile: the row padded to the fewest whole
+    vectors, then the most accumulators (bo divides O), then the fewest loads per multiply-add."""
+    vectors = _ceil(ow, lanes)
+    best: tuple[tuple[int, int, float], tuple[int, int]] | None = None
+    for nv in range(1, min(vectors, 8) + 1):
+        bo = divisor_at_most(o, _MAX_ACC // nv)
+        key = (_ceil(vectors, nv) * nv, -bo * nv, (bo + nv) / (bo * nv))
+        if best is None or key < best[0]:
+            best = (key, (bo, nv))
+    assert best is not None
+    return best[1]
+
+
+def stem_compute(data: te.Tensor, attrs: Any, shape: tuple[int, ...], dtype: str, kernel: tuple[int, int, int, int],
+                 kernel_at: KernelAt) -> te.Tensor:
+    """out[n, o, y, x] = sum over (c, ky, kx) of W[o, c, ky, kx] * X[n, c, y*sh + ky*dh, x*sw + kx*dw], in
+    rows padded to whole tiles: each weight a broadcast scalar, each tap a contiguous vector of a
+    phase plane of the padded input (`phase_planes`: a column stride reads no gathers).
+    """
+    n, c, h, _ = tensor_shape(data)
+    o, _, kh, kw = kernel
+    _, _, oh, ow = shape
+    lanes = vector_lanes(dtype)
+    bo, nv = stem_tiles(o, ow, lanes)
+    owp = _ceil(ow, nv * lanes) * nv * lanes
+    (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
+    pt, pl, pb, _ = attrs.padding
+    hp = max(h + pt + pb, (oh - 1) * sh + (kh - 1) * dh + 1)
+    first = _ceil(pl, sw)
+    # tap kx reads phase (kx * dw) % sw at column x + kx * dw // sw + first - ceil((pl - phase) / sw) of its plane
+    wq = owp + max(kx * dw // sw + first - _ceil(pl - kx * dw % sw, sw) for kx in range(kw))
+    planes = phase_planes(data, (pt, pl), hp, sw, wq)
+    rc, ry, rx = te.reduce_axis((0, c), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+
+    def conv(b: PrimExpr, oc: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
+        phase = rx * dw % sw
+        col = x + rx * dw // sw + first - (pl - phase + sw - 1) // sw
+        value = te.cast(planes[b, rc, y * sh + ry * dh, phase, col], dtype)
+        return te.sum(value * te.cast(kernel_at(oc, rc, ry, rx), dtype), axis=[rc, ry, rx])
+
+    rows = te.compute((n, o, oh, owp), conv, name="conv2d_stem")
+    return te.compute(shape, lambda b, oc, y, x: rows[b, oc, y, x], name="conv2d",
+                      attrs={FORM: "stem", "tiles": (bo, nv), "rows": rows, "planes": planes,
+                             "task_rows": divisor_at_most(oh, max(1, _STEM_TASK_CHANNELS // o))})
+
+
+def stem_schedule(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor]) -> None:
+    """Rows of outputs on the cores, `task_rows` a task (two for 32 channels: MobileNetV2's stem ran at
+    120-140 GFLOP/s instead of 90-120); per task, the phase planes of the input rows it reads (a few
+    KiB, in L1: the input is copied up to KH / SH times over, against O multiply-adds per copied
+    value), then per row the channel tiles x row tiles, each bo x nv accumulators over the (C, KH,
+    KW) window, the kernel's columns unrolled (its rows too took 2.5x the compile time for
+    SqueezeNet's stem, 15x for ResNet's, and ran no faster)."""
+    bo, nv = op_attr(c, "tiles")
+    rows = op_attr(c, "rows")
+    lanes = vector_lanes(c.dtype)
+    stage = _inline_anchor(sch, c, outs)
+    n, o, y, x = stage.op.axis
+    oo, oi = stage.split(o, factor=bo)
+    xo, xi = stage.split(x, factor=nv * lanes)
+    xv, xl = stage.split(xi, factor=lanes)
+    yo, yi = stage.split(y, factor=op_attr(c, "task_rows"))
+    stage.reorder(n, yo, yi, oo, xo, oi, xv, xl)
+    task = stage.fuse(n, yo)
+    stage.parallel(task)
+    stage.unroll(oi)
+    stage.unroll(xv)
+    stage.vectorize(xl)
+    _row_tile(sch, rows, stage, xo, 1, lanes)
+    sch[rows].unroll(sch[rows].op.reduce_axis[2])
+    planes = sch[op_attr(c, "planes")]
+    planes.compute_at(stage, task)
+    *_, py, pp, pq = planes.op.axis
+    planes.reorder(py, pq, pp)  # the phases of a run in one pass: an interleaved read
+    planes.pragma(pq, PARTITION_SELECTS)
+    planes.vectorize(pq)
+    planes.unroll(pp)
 
 
 # --- choosing and scheduling a form ---------------------------------------------------------------
@@ -508,6 +602,13 @@ def _pixels_pay(attrs: Any, kernel: tuple[int, int, int, int], shape: tuple[int,
     accumulators then stay in memory)."""
     one_by_one = kernel[2:] == (1, 1) and attrs.strides == (1, 1) and not any(attrs.padding)
     return one_by_one and kernel[1] <= _PIXELS_MAX_C and shape[3] % lanes in (0, lanes // 2)
+
+
+def _stem_pays(c: int, kernel: tuple[int, int, int, int]) -> bool:
+    """Whether "stem" takes a convolution without groups that "pixels" does not: few input channels
+    and a window larger than 1x1 ("ovec" writes each output element back from a channel vector,
+    a scalar store per C * KH * KW multiply-adds)."""
+    return c <= _STEM_MAX_C and kernel[2] * kernel[3] > 1
 
 
 def conv2d_cpu_compute(attrs: Any, inputs: list[te.Tensor], out_type: Any, *, fallback: Compute,
@@ -535,6 +636,8 @@ def conv2d_cpu_compute(attrs: Any, inputs: list[te.Tensor], out_type: Any, *, fa
     out: te.Tensor | None = None
     if attrs.groups == 1 and _pixels_pay(attrs, kernel, shape, vector_lanes(dtype)):
         out = pixels_compute(data, shape, dtype, kernel, kernel_at)
+    elif attrs.groups == 1 and _stem_pays(c, kernel):
+        out = stem_compute(data, attrs, shape, dtype, kernel, kernel_at)
     elif attrs.groups == 1:
         out = ovec_compute(data, weight, attrs, shape, dtype, kernel, kernel_at, block)
     elif attrs.groups == c and shape[1] % c == 0 and not block:
@@ -553,5 +656,7 @@ def conv2d_cpu_schedule(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs
         pixels_schedule(sch, c, outs)
     elif form == "depthwise":
         depthwise_schedule(sch, c, outs)
+    elif form == "stem":
+        stem_schedule(sch, c, outs)
     else:
         fallback(sch, anchor_outs, outs, target)

@@ -25,7 +25,7 @@ from kiln.registry import Op
 from kiln.relay import transform
 from kiln.relay.backend.build_module import build
 from kiln.relay.backend.te_compiler import _Lowerer
-from kiln.relay.op.conv_schedules import depthwise_blocking, depthwise_tiles, ovec_tiles, pixel_tiles
+from kiln.relay.op.conv_schedules import depthwise_blocking, depthwise_tiles, ovec_tiles, pixel_tiles, stem_tiles
 from kiln.relay.visitor import post_order
 from kiln.target import Target
 from kiln.tir.pipeline import optimize_tir
@@ -117,6 +117,67 @@ def test_pixels_takes_1x1_convolutions_with_few_input_channels(x_shape, w_shape,
 @pytest.mark.parametrize(("o", "ow", "expected"), [(96, 56, (6, 4)), (24, 112, (6, 4)), (7, 120, (1, 4))])
 def test_pixel_tiles_take_whole_rows_of_up_to_six_vectors(o, ow, expected) -> None:
     assert pixel_tiles(o, ow, 16) == expected
+
+
+# --- "stem": few input channels, any window, vectorized along the row -----------------------------
+
+STEM_CASES = [
+    ((1, 3, 31, 31), (16, 3, 3, 3), {"strides": 2}),  # SqueezeNet's stem, small: no padding, a row of 15
+    ((1, 3, 32, 32), (32, 3, 3, 3), {"strides": 2, "padding": 1}),  # MobileNetV2's: tasks of 2 rows
+    ((1, 3, 20, 20), (8, 3, 3, 3), {"strides": 2, "padding": 1}),  # tasks of 5 rows (up to 64 // 8, dividing 10)
+    ((1, 3, 30, 30), (64, 3, 7, 7), {"strides": 2, "padding": 3}),  # ResNet's
+    ((2, 3, 13, 37), (20, 3, 3, 3), {"padding": (1, 0, 2, 1)}),  # 2 images, 20 channels, rows of 3 vectors
+    ((1, 2, 17, 19), (8, 2, 5, 5), {"dilation": 2, "padding": 3}),
+    ((1, 4, 12, 41), (6, 4, 3, 2), {"strides": (2, 3), "padding": (0, 2)}),  # a column stride of 3
+    ((1, 1, 9, 70), (24, 1, 1, 3), {"strides": (1, 2)}),  # one channel, 24 outputs
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "kw"), STEM_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_stem_form_matches_numpy(x_shape, w_shape, kw, dtype) -> None:
+    tol = 1e-4 if dtype == "float32" else 1e-11
+    check_build("nn.conv2d", rand(*x_shape, dtype=dtype), rand(*w_shape, dtype=dtype), rtol=tol, atol=tol, **kw)
+
+
+def test_stem_with_a_constant_weight_and_an_epilogue_matches_numpy() -> None:
+    """SqueezeNet's stem as it is built: the weight packed by AlterOpLayout, bias and relu fused."""
+    x_np, w_np, b_np = rand(1, 3, 35, 35), rand(64, 3, 3, 3), rand(64)
+    x = relay.var("x", shape=x_np.shape)
+    y = relay.nn.relu(relay.nn.bias_add(relay.nn.conv2d(x, relay.const(w_np), strides=2), relay.const(b_np)))
+    lib = build(relay.Function([x], y), target="llvm")
+    assert len(lib.kernels) == 1
+    got = lib.create_executor()(x=x_np)
+    expected = np.maximum(ref("nn.conv2d", x_np, w_np, strides=2) + b_np[:, None, None], 0)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "form"), [
+    ((1, 3, 30, 30), (16, 3, 3, 3), "conv2d_stem"),
+    ((1, 8, 30, 30), (16, 8, 3, 3), "conv2d_blocked"),  # more input channels: "ovec"
+    ((1, 3, 30, 32), (16, 3, 1, 1), "conv2d_pixels"),  # 1x1: "pixels"
+])
+def test_stem_takes_windows_over_few_input_channels(x_shape, w_shape, form) -> None:
+    assert f"{form} = allocate" in _lowered(_conv_func(x_shape, w_shape, strides=2 if w_shape[2] > 1 else 1))
+
+
+def test_stem_tile_reads_phase_planes_made_per_row_without_guards() -> None:
+    text = _lowered(_conv_func((1, 3, 31, 31), (16, 3, 3, 3), strides=2))
+    # the planes are made inside the parallel loop of rows, so the tile indexes them from constants
+    assert text.index("# parallel") < text.index("pad_phases = allocate")
+    # the tile up to the write-back (whose guard cuts the last vector of a row): no select, no guard
+    tile = text.split("conv2d_stem = allocate")[1].split(" if ")[0]
+    assert "for rc in range(3)" in tile and "select" not in tile and "conv2d[" not in tile
+
+
+@pytest.mark.parametrize(("o", "ow", "expected"), [
+    (64, 111, (16, 1)),  # SqueezeNet's stem: 7 vectors a row, none padded; 16 accumulators
+    (32, 112, (16, 1)),
+    (20, 37, (20, 1)),  # a tile of all 20 channels beats 5 x 3 vectors
+    (6, 70, (3, 5)),  # few channels: rows of 5 vectors, no vector padded
+])
+def test_stem_tiles_pad_rows_little_and_use_many_accumulators(o, ow, expected) -> None:
+    assert stem_tiles(o, ow, 16) == expected
 
 
 # --- "depthwise" ----------------------------------------------------------------------------------
