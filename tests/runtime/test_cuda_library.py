@@ -3,8 +3,6 @@ launch tables with symbolic sizes; forged, damaged and foreign files; the CUBIN'
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import random
 import struct
@@ -21,6 +19,7 @@ import cuda_standin
 import numpy as np
 import pytest
 from cuda_standin import FAKE_CUPY, gpu, needs_gxx
+from library_files import forge, split
 
 import kiln
 from kiln import relay, runtime, te, tir
@@ -32,7 +31,6 @@ from kiln.target import Target
 from kiln.testing import models
 
 SM90 = "cuda -arch=sm_90"
-FIXED = 8 + 8 + 32 + 32  # magic, length, sha256, tag
 RNG = np.random.default_rng(19)
 
 
@@ -72,25 +70,8 @@ def lib_file(tmp_path: Path, own_key: Path, gpu_lib: Library) -> Path:
     return path
 
 
-def split(path: Path) -> tuple[dict[str, Any], list[bytes]]:
-    """The JSON header and blobs of a library file (no checks: the attacker's view)."""
-    payload = path.read_bytes()[FIXED:]
-    (head_len,) = struct.unpack_from("<Q", payload, 0)
-    header = json.loads(payload[8: 8 + head_len])
-    blobs, pos = [], 8 + head_len
-    for n in header["blobs"]:
-        blobs.append(payload[pos: pos + n])
-        pos += n
-    return header, blobs
 
 
-def forge(path: Path, header: dict[str, Any], blobs: list[bytes], out: Path) -> Path:
-    """Writes a library with `header` and `blobs`, its sha256 recomputed and its tag left unforged."""
-    head = json.dumps({**header, "blobs": [len(b) for b in blobs]}).encode()
-    payload = struct.pack("<Q", len(head)) + head + b"".join(blobs)
-    tag = path.read_bytes()[48:FIXED]
-    out.write_bytes(b"KILNLIB2" + struct.pack("<Q", len(payload)) + hashlib.sha256(payload).digest() + tag + payload)
-    return out
 
 
 def same_code(a: CudaModule, b: CudaModule) -> None:

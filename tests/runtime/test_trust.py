@@ -22,6 +22,7 @@ from typing import Any
 import llvmlite.binding as llvm
 import numpy as np
 import pytest
+from library_files import edited, forge, split
 
 import kiln
 from kiln import relay, runtime, tir
@@ -32,7 +33,6 @@ from kiln.target import Target, detect
 from kiln.testing import models
 
 RNG = np.random.default_rng(13)
-FIXED = 8 + 8 + 32 + 32  # magic, length, sha256, tag
 
 
 @pytest.fixture()
@@ -57,32 +57,10 @@ def lib_file(tmp_path: Path, own_key: Path, mlp: Any) -> Path:
     return path
 
 
-def split(path: Path) -> tuple[dict[str, Any], list[bytes]]:
-    """The JSON header and blobs of a library file (no checks: the attacker's view)."""
-    payload = path.read_bytes()[FIXED:]
-    (head_len,) = struct.unpack_from("<Q", payload, 0)
-    header = json.loads(payload[8: 8 + head_len])
-    blobs, pos = [], 8 + head_len
-    for n in header["blobs"]:
-        blobs.append(payload[pos: pos + n])
-        pos += n
-    return header, blobs
 
 
-def forge(path: Path, header: dict[str, Any], blobs: list[bytes], out: Path, sizes: list[int] | None = None) -> Path:
-    """Writes a library with `header` and `blobs`, its sha256 recomputed and its tag left unforged."""
-    header = {**header, "blobs": sizes if sizes is not None else [len(b) for b in blobs]}
-    head = json.dumps(header).encode()
-    payload = struct.pack("<Q", len(head)) + head + b"".join(blobs)
-    tag = path.read_bytes()[48:FIXED]  # the original file's tag: it covered other bytes
-    out.write_bytes(b"KILNLIB2" + struct.pack("<Q", len(payload)) + hashlib.sha256(payload).digest() + tag + payload)
-    return out
 
 
-def edited(lib_file: Path, edit: Callable[[dict[str, Any], list[bytes]], None], name: str = "edited.kiln") -> Path:
-    header, blobs = split(lib_file)
-    edit(header, blobs)
-    return forge(lib_file, header, blobs, lib_file.parent / name)
 
 
 def object_code(ir_text: str) -> bytes:
