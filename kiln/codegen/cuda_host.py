@@ -212,12 +212,7 @@ def _sync(s: Stmt, pend: Pending) -> tuple[Stmt, Pending]:
 def _cooperative(s: For) -> bool:
     """Whether `s` is a threadIdx loop whose body binds threadIdx loops again: a per-thread scope in which
     the block works together (a tile filled through the same threads), so its body is synchronized inside."""
-    if not s.thread_tag.startswith("threadIdx"):
-        return False
-    found: list[bool] = []
-    post_order_visit(s.body, lambda n: found.append(True) if isinstance(n, For) and n.thread_tag.startswith(
-        "threadIdx") else None)
-    return bool(found)
+    return s.thread_tag.startswith("threadIdx") and any(t.startswith("threadIdx") for t in bound_tags(s.body))
 
 
 def _conflict(pend: Pending, reads: frozenset[int], writes: frozenset[tuple[int, Hashable]]) -> bool:

@@ -276,21 +276,12 @@ class _Lowering:
             f"compute {st.name!r} at the root"
         )
 
-    def _enclosing(self, st: Stage) -> Loops:
-        """Every loop around `st`'s own nest, innermost first."""
-        loops: Loops = []
-        x = st
-        while x.attach_type is AttachType.SCOPE and x.attach_stage is not None and x.attach_ivar is not None:
-            y = x.attach_stage
-            loops += self._leaf_loops(y, 0, y.leaf_iter_vars.index(x.attach_ivar) + 1)
-            x = y
-        return loops
-
-    def _block_threads(self, st: Stage) -> Loops:
-        """The loops around `st`'s attach point that are bound to threadIdx axes, innermost first.
+    def _enclosing(self, st: Stage, threads: bool = False) -> Loops:
+        """Every loop around `st`'s own nest, innermost first; with `threads`, only those bound to
+        threadIdx axes.
 
         A "shared" stage is one buffer for the whole block: it covers what all the
-        block's threads read, so its region is relaxed over these loops too (a
+        block's threads read, so its region is relaxed over those thread loops too (a
         "local" one is per thread and is not).
         """
         loops: Loops = []
@@ -299,7 +290,7 @@ class _Lowering:
             y = x.attach_stage
             for iv in reversed(y.leaf_iter_vars[:y.leaf_iter_vars.index(x.attach_ivar) + 1]):
                 attr = y.iter_attrs.get(iv)
-                if attr is not None and attr.thread_tag.startswith("threadIdx"):
+                if not threads or (attr is not None and attr.thread_tag.startswith("threadIdx")):
                     loops.append((iv.var, self.info[y].ext[iv]))
             x = y
         return loops
@@ -313,7 +304,7 @@ class _Lowering:
         op = st.op
         box: list[SymInterval | None] = [None] * len(op.axis)
         unknown = [False] * len(op.axis)
-        threads = self._block_threads(st) if st.scope == "shared" else []
+        threads = self._enclosing(st, threads=True) if st.scope == "shared" else []
         for reader in info.readers:
             reads = [ld for ld in loads(self.info[reader].body) if (hit := self._stage_of_load(ld)) and hit[1] is st]
             for d, rng in enumerate(self._bounding_box(reads, len(op.axis), self._root_values(reader),
