@@ -15,6 +15,7 @@ import cuda_standin
 import numpy as np
 import pytest
 from cuda_standin import HAS_GPU, HostArray, gpu, needs_gxx
+from te_helpers import two_stages
 
 import kiln
 from kiln import te, tir
@@ -78,18 +79,6 @@ def elementwise(fn, dtype="float32", n=300, out_dtype=None, factor=64):
     return s, [A, C]
 
 
-def two_stages(n):
-    """C = A + B into a temporary (a workspace), D = C * 2: two kernels."""
-    A = te.placeholder((n,), name="A")
-    B = te.placeholder((n,), name="B")
-    C = te.compute((n,), lambda i: A[i] + B[i], name="C")
-    D = te.compute((n,), lambda i: C[i] * 2.0, name="D")
-    s = te.create_schedule([D])
-    for t in (C, D):
-        bx, tx = s[t].split(t.op.axis[0], factor=32)
-        s[t].bind(bx, te.thread_axis("blockIdx.x"))
-        s[t].bind(tx, te.thread_axis("threadIdx.x"))
-    return s, [A, B, D]
 
 
 def tiled_matmul(m=64, n=48, k=40, tile=16):

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from cuda_standin import FAKE_CUPY, gpu, needs_gxx
 from library_files import forge, split
+from te_helpers import two_stages
 
 import kiln
 from kiln import relay, runtime, te, tir
@@ -34,12 +35,6 @@ SM90 = "cuda -arch=sm_90"
 RNG = np.random.default_rng(19)
 
 
-@pytest.fixture()
-def own_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh secret key for this test."""
-    path = tmp_path / "keys" / "secret.key"
-    monkeypatch.setenv("KILN_SECRET_FILE", str(path))
-    return path
 
 
 C = RNG.standard_normal((2, 16)).astype("float32")
@@ -129,18 +124,6 @@ def test_a_loaded_library_runs_as_the_built_one_through_the_host_stand_in(
     assert [name for name, *_ in launches] == ["fused_0_kernel0", "fused_1_kernel0", "fused_2_kernel0"] * 3
 
 
-def two_stages(n: Any) -> tuple[Any, list[Any]]:
-    """C = A + B into a temporary (a workspace), D = C * 2: two kernels over symbolic size n."""
-    A = te.placeholder((n,), name="A")
-    B = te.placeholder((n,), name="B")
-    C = te.compute((n,), lambda i: A[i] + B[i], name="C")
-    D = te.compute((n,), lambda i: C[i] * 2.0, name="D")
-    s = te.create_schedule([D])
-    for t in (C, D):
-        bx, tx = s[t].split(t.op.axis[0], factor=32)
-        s[t].bind(bx, te.thread_axis("blockIdx.x"))
-        s[t].bind(tx, te.thread_axis("threadIdx.x"))
-    return s, [A, B, D]
 
 
 def symbolic_library(size: int) -> Library:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-_SCRIPT = textwrap.dedent("""
-    import json, sys
+# what both scripts start with: count the kernels a build compiles (none when it loads from the cache)
+_COUNTING = textwrap.dedent("""
+    import hashlib, json, sys
     import numpy as np
     from kiln import relay, registry
     from kiln.relay.backend import build_module, te_compiler
@@ -26,7 +27,9 @@ _SCRIPT = textwrap.dedent("""
         compiled.append(1)
         return original(*a, **k)
     te_compiler.compile_primitive = build_module.compile_primitive = counting
+""")
 
+_SCRIPT = _COUNTING + textwrap.dedent("""
     scale = float(sys.argv[1])
     if sys.argv[2] == "register":
         registry.register_op("test.user_op").describe("user code registers something")
@@ -41,12 +44,17 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _build(tmp_path: Path, scale: float = 1.0, mode: str = "plain") -> dict[str, object]:
+def _run(tmp_path: Path, script: str, *args: str) -> dict[str, object]:
+    """`script` run with `args` in a fresh process on the cache in `tmp_path`; the JSON it prints last."""
     env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache"), "KILN_CACHE": "1"}
-    done = subprocess.run([sys.executable, "-c", _SCRIPT, str(scale), mode], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
                           env=env, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _build(tmp_path: Path, scale: float = 1.0, mode: str = "plain") -> dict[str, object]:
+    return _run(tmp_path, _SCRIPT, str(scale), mode)
 
 
 def _entries(tmp_path: Path) -> list[Path]:
@@ -85,19 +93,7 @@ def test_a_registration_from_user_code_turns_the_cache_off(tmp_path: Path) -> No
     assert not _entries(tmp_path)
 
 
-_CUDA_SCRIPT = textwrap.dedent("""
-    import hashlib, json, sys
-    import numpy as np
-    from kiln import relay
-    from kiln.relay.backend import build_module, te_compiler
-
-    compiled = []
-    original = te_compiler.compile_primitive
-    def counting(*a, **k):
-        compiled.append(1)
-        return original(*a, **k)
-    te_compiler.compile_primitive = build_module.compile_primitive = counting
-
+_CUDA_SCRIPT = _COUNTING + textwrap.dedent("""
     x = relay.var("x", shape=(4, 8))
     w = relay.const(np.full((16, 8), 1.0, np.float32))
     f = relay.Function([x], relay.nn.relu(relay.nn.dense(x, w)))
@@ -109,11 +105,7 @@ _CUDA_SCRIPT = textwrap.dedent("""
 
 
 def _build_cuda(tmp_path: Path, target: str) -> dict[str, object]:
-    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache"), "KILN_CACHE": "1"}
-    done = subprocess.run([sys.executable, "-c", _CUDA_SCRIPT, target], capture_output=True, text=True,
-                          env=env, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return _run(tmp_path, _CUDA_SCRIPT, target)
 
 
 def test_cuda_libraries_are_stored_and_loaded_per_architecture(tmp_path: Path) -> None:
