@@ -156,6 +156,26 @@ def conv_model(c: int, o: int, size: int, kernel: int, stride: int, pad: int, gr
     return model
 
 
+def ort_session(model: Any) -> Any:
+    """An onnxruntime CPU session of `model` (a ModelProto) on 2 threads, as every row compares with."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def in_turn(runs: dict[str, Any], rounds: int, repeat: int, pause: float = 0.0) -> dict[str, float]:
+    """Per run, the median of `rounds` medians of `repeat` calls, the runs timed in turn (after `pause`
+    seconds each), so that a busy moment of the machine falls on all of them."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            time.sleep(pause)
+            times[name].append(median_time(fn, repeat=repeat, warmup=2))
+    return {name: float(np.median(ts)) for name, ts in times.items()}
+
+
 def conv_rows(repeat: int = 20, rounds: int = 5, only: str = "") -> None:
     """Times each of `CONVS` (those whose name contains `only`) in kiln and in onnxruntime (2 threads)
     and prints GFLOP/s and the ratio.
@@ -164,7 +184,6 @@ def conv_rows(repeat: int = 20, rounds: int = 5, only: str = "") -> None:
     turn (onnxruntime first, its worker threads given a moment to stop spinning), so that a busy
     moment of the machine falls on both.
     """
-    import onnxruntime as ort
 
     from kiln.relay.frontend import from_onnx
 
@@ -175,20 +194,14 @@ def conv_rows(repeat: int = 20, rounds: int = 5, only: str = "") -> None:
             continue
         model = conv_model(c, o, size, kernel, stride, pad, groups)
         x = rng.standard_normal((1, c, size, size)).astype(np.float32)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 2
-        session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        session = ort_session(model)
         (expected,) = session.run(None, {"x": x})
         mod, params = from_onnx(model)
         ex = relay.build(mod, target="llvm", params=params).create_executor()
         got = ex(x=x)
         runs = {"ort": lambda s=session, a=x: s.run(None, {"x": a}), "kiln": lambda e=ex, a=x: e(x=a)}
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for _ in range(rounds):
-            for runner, fn in runs.items():
-                time.sleep(0.05)
-                times[runner].append(median_time(fn, repeat=repeat, warmup=2))
-        t_ort, t_k = (float(np.median(times[runner])) for runner in runs)
+        t = in_turn(runs, rounds, repeat, pause=0.05)
+        t_ort, t_k = t["ort"], t["kiln"]
         out = expected.shape[-1]
         flop = 2 * o * (c // groups) * kernel**2 * out * out
         diff = float(np.max(np.abs(np.asarray(got) - expected)))
@@ -210,7 +223,6 @@ def softmax_rows(repeat: int = 20, rounds: int = 5) -> None:
     moment of the machine falls on all of them.
     """
     import onnx
-    import onnxruntime as ort
     from onnx import helper
 
     rng = np.random.default_rng(2)
@@ -221,9 +233,7 @@ def softmax_rows(repeat: int = 20, rounds: int = 5) -> None:
         node = helper.make_node("Softmax", ["x"], ["y"], axis=-1)
         model = helper.make_model(helper.make_graph([node], "softmax", values[:1], values[1:]),
                                   opset_imports=[helper.make_opsetid("", 13)])
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 2
-        session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        session = ort_session(model)
         x = rng.standard_normal(shape).astype(np.float32)
         y_ort, y_kiln = np.empty_like(x), np.empty_like(x)
         binding = session.io_binding()
@@ -244,11 +254,7 @@ def softmax_rows(repeat: int = 20, rounds: int = 5) -> None:
             "ort run": lambda s=session, a=x: s.run(None, {"x": a}),
         }
         reps = repeat if x.size >= 1 << 20 else repeat * 20  # microseconds: more runs for a steady median
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for _ in range(rounds):
-            for name, fn in runs.items():
-                times[name].append(median_time(fn, repeat=reps, warmup=2))
-        t = {name: float(np.median(ts)) for name, ts in times.items()}
+        t = in_turn(runs, rounds, reps)
         ratio, run_ratio = t["ort"] / t["kiln"], t["ort run"] / t["kiln run"]
         label = "x".join(map(str, shape))
         bar_text, flag = ("-", "") if bar is None else (f"{bar:.1f}", "ok" if ratio >= bar else "BELOW")
@@ -270,7 +276,6 @@ def pool_rows(repeat: int = 40, rounds: int = 5) -> None:
     """kiln's nn.max_pool2d beside a one-node ONNX MaxPool in onnxruntime (2 threads), each through its run
     call; the times are medians of `rounds` medians, taken in turn as in `conv_rows`. The bar is 1.0."""
     import onnx
-    import onnxruntime as ort
     from onnx import helper
 
     rng = np.random.default_rng(3)
@@ -282,21 +287,15 @@ def pool_rows(repeat: int = 40, rounds: int = 5) -> None:
                   helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)]
         model = helper.make_model(helper.make_graph([node], "pool", values[:1], values[1:]),
                                   opset_imports=[helper.make_opsetid("", 13)])
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = 2
-        session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        session = ort_session(model)
         v = relay.var("x", shape=shape, dtype="float32")
         pool = relay.nn.max_pool2d(v, pool_size=3, strides=2, padding=pad, ceil_mode=ceil)
         ex = relay.build(relay.Function([v], pool)).create_executor()
         x = rng.standard_normal(shape).astype(np.float32)
         assert np.array_equal(ex(x=x), session.run(None, {"x": x})[0]), f"{name} differs from onnxruntime"
         runs = {"ort": lambda s=session, a=x: s.run(None, {"x": a}), "kiln": lambda e=ex, a=x: e(x=a)}
-        times: dict[str, list[float]] = {runner: [] for runner in runs}
-        for _ in range(rounds):
-            for runner, fn in runs.items():
-                time.sleep(0.05)
-                times[runner].append(median_time(fn, repeat=repeat, warmup=2))
-        t_ort, t_k = (float(np.median(times[runner])) for runner in runs)
+        t = in_turn(runs, rounds, repeat, pause=0.05)
+        t_ort, t_k = t["ort"], t["kiln"]
         ratio = t_ort / t_k
         flag = "ok" if ratio >= 1.0 else "BELOW"
         print(f"{name:44} {t_k * 1e3:9.3f} {t_ort * 1e3:9.3f} {ratio:6.2f} {1.0:5.1f}  {flag}")
