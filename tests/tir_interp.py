@@ -74,6 +74,9 @@ class _Machine:
             return self.expr(e.true_value) if self.expr(e.cond) else self.expr(e.false_value)
         if isinstance(e, tir.Call) and e.name == "prefetch":
             return 0  # a cache hint: its address is never read, and may lie past the buffer
+        if isinstance(e, tir.Call) and e.name == "reinterpret":  # the bits, as numpy's .view reads them
+            (x,) = e.args
+            return np.array(self.expr(x)).astype(x.dtype).view(e.dtype).item()
         if isinstance(e, tir.Call):
             return _CALLS[e.name](*[self.expr(a) for a in e.args])
         raise TypeError(f"interpreter: unknown expression {type(e).__name__}")
@@ -105,8 +108,26 @@ class _Machine:
             return min(a, b)
         if isinstance(e, tir.Max):
             return max(a, b)
+        if isinstance(e, (tir.BitAnd, tir.BitOr, tir.BitXor, tir.ShiftLeft, tir.ShiftRight)):
+            return _Machine.bits(e, int(a), int(b))
         ops = {tir.EQ: a == b, tir.NE: a != b, tir.LT: a < b, tir.LE: a <= b, tir.GT: a > b, tir.GE: a >= b}
         return ops[type(e)]
+
+    @staticmethod
+    def bits(e: tir.BinaryOp, a: int, b: int) -> Any:
+        """A bitwise node on Python ints, wrapped to the dtype; a shift amount is read as unsigned (numpy's rule)."""
+        dt = e.a.dtype
+        if dt == "bool":
+            return bool({tir.BitAnd: a & b, tir.BitOr: a | b, tir.BitXor: a ^ b}[type(e)])
+        width = np.iinfo(dt).bits
+        if isinstance(e, (tir.ShiftLeft, tir.ShiftRight)):
+            amount = b % (1 << width)  # a negative amount, as unsigned, is huge
+            if amount >= width:
+                return -1 if isinstance(e, tir.ShiftRight) and a < 0 else 0
+            out = a << amount if isinstance(e, tir.ShiftLeft) else a >> amount
+        else:
+            out = {tir.BitAnd: a & b, tir.BitOr: a | b, tir.BitXor: a ^ b}[type(e)]
+        return int(np.array(out & ((1 << width) - 1), dtype=f"uint{width}").astype(dt))
 
     def stmt(self, s: tir.Stmt) -> None:
         if isinstance(s, tir.SeqStmt):

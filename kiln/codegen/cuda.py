@@ -36,12 +36,14 @@ Numerics, and why:
   `/` and `%`. Float `min`/`max` propagate NaN (as numpy).
 - Float to integer casts saturate and NaN becomes 0 (PTX `cvt.rzi` does that
   for 32/64-bit results; narrower ones are clamped explicitly), as in the llvm
-  back end. int8/int16/uint8 arithmetic wraps (results are cast back).
+  back end. int8/int16/uint8/uint16 arithmetic wraps (results are cast back).
+  Shifts out of [0, width) are defined as in the llvm back end (`cuda_ops`).
 - float16 values are `__half` (cuda_fp16.h); arithmetic and math on them is
   done in float32 and rounded once per operation, which for +, -, *, / and
   sqrt gives the correctly rounded half result (float32 has more than twice
   the precision). Only the conversions `__float2half`, `__double2half` and
-  `__half2float` are used, so `kiln.codegen.nvrtc` can supply them itself where
+  `__half2float` are used, and the bit casts `__half_as_short`, `__short_as_half`
+  and their unsigned forms, so `kiln.codegen.nvrtc` can supply them itself where
   no CUDA toolkit headers are installed. bfloat16 is refused.
 - Math intrinsics are CUDA's full-precision functions (expf 2 ulp, logf 1,
   tanhf 2, erff 2, sqrtf correctly rounded): the fast `__expf`/`__logf` have
@@ -64,6 +66,7 @@ import re
 from collections.abc import Sequence
 from contextlib import ExitStack
 
+from kiln.codegen import cuda_ops, cuda_types
 from kiln.codegen.cuda_allreduce import emit_allreduce, scratch_bytes
 from kiln.codegen.cuda_host import (
     SYNC_NAME,
@@ -75,6 +78,9 @@ from kiln.codegen.cuda_host import (
     split_host,
     syncthreads,
 )
+from kiln.codegen.cuda_types import C_TYPES
+from kiln.codegen.cuda_types import float_literal as _float_literal
+from kiln.codegen.cuda_types import int_literal as _int_literal
 from kiln.codegen.jit import CodegenError
 from kiln.ir.dtype import DataType
 from kiln.runtime.cuda_module import CudaCode, KernelArg, KernelSpec
@@ -87,6 +93,7 @@ from kiln.tir.expr import (
     LE,
     LT,
     NE,
+    SHIFTS,
     Add,
     And,
     BinaryOp,
@@ -136,21 +143,8 @@ __all__ = [
 
 # -- tables ----------------------------------------------------------------------------------
 
-C_TYPES: dict[str, str] = {
-    "bool": "bool",
-    "int8": "signed char",
-    "int16": "short",
-    "int32": "int",
-    "int64": "long long",
-    "uint8": "unsigned char",
-    "float16": "__half",
-    "float32": "float",
-    "float64": "double",
-}
-_NARROW_INTS = ("bool", "int8", "int16", "uint8")  # C computes these in int: results are cast back
-_INT_RANGE = {"int8": (-128, 127), "int16": (-(2**15), 2**15 - 1), "uint8": (0, 255)}
 _C_OPS: dict[type, str] = {Add: "+", Sub: "-", Mul: "*", EQ: "==", NE: "!=", LT: "<", LE: "<=", GT: ">", GE: ">=",
-                           And: "&&", Or: "||"}
+                           And: "&&", Or: "||", **cuda_ops.BIT_OPS}
 # intrinsic -> (float32 function, float64 function); float16 goes through float32.
 _MATH: dict[str, tuple[str, str]] = {
     "exp": ("expf", "exp"), "log": ("logf", "log"), "sqrt": ("sqrtf", "sqrt"), "rsqrt": ("rsqrtf", "rsqrt"),
@@ -217,14 +211,6 @@ def supported_dtypes() -> tuple[str, ...]:
     return tuple(C_TYPES)
 
 
-def _ctype(dtype: str) -> str:
-    try:
-        return C_TYPES[dtype]
-    except KeyError:
-        raise CodegenError(f"the cuda back end does not support dtype {dtype!r}; "
-                           f"supported: {', '.join(C_TYPES)}") from None
-
-
 # -- names ------------------------------------------------------------------------------------
 
 
@@ -272,7 +258,7 @@ def _narrow_index(e: PrimExpr) -> PrimExpr | None:
     if isinstance(e, Cast) and e.dtype == "int64":
         if e.value.dtype == "int32":
             return e.value
-        if e.value.dtype in ("int8", "int16", "uint8", "bool"):
+        if e.value.dtype in ("int8", "int16", "uint8", "uint16", "bool"):
             return Cast("int32", e.value)
         return None
     if isinstance(e, (Add, Sub, Mul, FloorDiv, FloorMod, Min, Max)) and e.dtype == "int64":
@@ -281,51 +267,6 @@ def _narrow_index(e: PrimExpr) -> PrimExpr | None:
             return None
         return type(e)("int32", a, b)
     return None
-
-
-def _bare(text: str) -> str:
-    """`text` without the parentheses around all of it, if it has them."""
-    if not (text.startswith("(") and text.endswith(")")):
-        return text
-    depth = 0
-    for i, c in enumerate(text):
-        depth += (c == "(") - (c == ")")
-        if depth == 0 and i < len(text) - 1:
-            return text
-    return text[1:-1]
-
-
-def _float_literal(value: float, dtype: str) -> str:
-    if value != value:
-        bits = "__int_as_float(0x7fc00000)" if dtype != "float64" else "__longlong_as_double(0x7ff8000000000000LL)"
-    elif value in (float("inf"), float("-inf")):
-        sign = "" if value > 0 else "-"
-        bits = f"{sign}__int_as_float(0x7f800000)" if dtype != "float64" \
-            else f"{sign}__longlong_as_double(0x7ff0000000000000LL)"
-    else:
-        bits = ""
-    if bits:
-        return f"__float2half({bits})" if dtype == "float16" else bits
-    if dtype == "float64":
-        text = repr(float(value))
-        return text if any(c in text for c in ".en") else text + ".0"
-    import numpy as np
-
-    text = f"{float(np.float32(value)):.9g}"
-    if not any(c in text for c in ".en"):
-        text += ".0"
-    lit = f"{text}f"
-    return f"__float2half({lit})" if dtype == "float16" else lit
-
-
-def _int_literal(value: int, dtype: str) -> str:
-    if dtype == "bool":
-        return "true" if value else "false"
-    if dtype == "int64":
-        return "(-9223372036854775807LL - 1)" if value == -(2**63) else f"{value}LL"
-    if dtype == "int32":
-        return "(-2147483647 - 1)" if value == -(2**31) else str(value)
-    return f"(({C_TYPES[dtype]}){value})"
 
 
 class _KernelWriter:
@@ -359,7 +300,7 @@ class _KernelWriter:
 
     def ctype(self, dtype: str) -> str:
         """The C type of `dtype`."""
-        return _ctype(dtype)
+        return cuda_types.ctype(dtype)
 
     # -- statements ---------------------------------------------------------------------
     def stmt(self, s: Stmt, unbound: frozenset[str]) -> None:
@@ -375,14 +316,14 @@ class _KernelWriter:
             for c in s.stmts:
                 self.stmt(c, unbound)
         elif isinstance(s, BufferStore):
-            self.emit(f"{self._access(s.buffer, s.indices[0])} = {_bare(self.expr(s.value))};")
+            self.emit(f"{self._access(s.buffer, s.indices[0])} = {cuda_types.bare(self.expr(s.value))};")
         elif isinstance(s, For):
             self._for(s, unbound)
         elif isinstance(s, Allocate):
             self._allocate(s, unbound)
         elif isinstance(s, IfThenElse):
             variant = self._variant(s.cond)
-            self.emit(f"if ({_bare(self.expr(s.cond))}) {{")
+            self.emit(f"if ({cuda_types.bare(self.expr(s.cond))}) {{")
             self._block(s.then_case, unbound, variant)
             if s.else_case is not None:
                 self.emit("} else {")
@@ -393,7 +334,8 @@ class _KernelWriter:
             with ExitStack() as scope:
                 for let in chain:
                     name = self._declare(let.var)
-                    self.emit(f"const {_ctype(let.var.dtype)} {name} = {_bare(self.expr(let.value))};")
+                    value = cuda_types.bare(self.expr(let.value))
+                    self.emit(f"const {cuda_types.ctype(let.var.dtype)} {name} = {value};")
                     if self._variant(let.value):
                         self.variant.add(id(let.var))
                     scope.enter_context(self.ana.bound_let(let.var, let.value))
@@ -437,7 +379,7 @@ class _KernelWriter:
 
     def _for(self, s: For, unbound: frozenset[str]) -> None:
         var = self._declare(s.loop_var)
-        ctype = _ctype(s.loop_var.dtype)
+        ctype = cuda_types.ctype(s.loop_var.dtype)
         if s.kind is ForKind.THREAD_BINDING:
             tag = s.thread_tag
             lo = "" if isinstance(s.min, IntImm) and s.min.value == 0 else f" + {self.expr(s.min)}"
@@ -485,7 +427,7 @@ class _KernelWriter:
         would not compile.
         """
         name = self.names(buf)
-        ctype = _ctype(buf.dtype)
+        ctype = cuda_types.ctype(buf.dtype)
         if _small(buf):
             self.narrow.add(id(buf))
         if buf.scope == "shared":
@@ -511,7 +453,7 @@ class _KernelWriter:
         if id(buf) in self.narrow:
             narrowed = _narrow_index(index)
             index = index if narrowed is None else narrowed
-        return f"{name}[{_bare(self.expr(index))}]"
+        return f"{name}[{cuda_types.bare(self.expr(index))}]"
 
     def expr(self, e: PrimExpr) -> str:
         """`e` as a C expression."""
@@ -540,12 +482,12 @@ class _KernelWriter:
 
     def _binary(self, e: BinaryOp) -> str:
         dt = e.a.dtype
-        _ctype(dt)
+        cuda_types.ctype(dt)
         if dt == "float16":  # computed in float32, rounded once (see the module docstring)
             self.uses_half = True
             x, y = f"__half2float({self.expr(e.a)})", f"__half2float({self.expr(e.b)})"
             out = self._float_binary(e, x, y, "float32")
-            return out if type(e) in (EQ, NE, LT, LE, GT, GE, And, Or) else f"__float2half({_bare(out)})"
+            return out if type(e) in (EQ, NE, LT, LE, GT, GE, And, Or) else f"__float2half({cuda_types.bare(out)})"
         x, y = self.expr(e.a), self.expr(e.b)
         if is_float(dt):
             return self._float_binary(e, x, y, dt)
@@ -554,6 +496,8 @@ class _KernelWriter:
             out = f"({x} {_C_OPS[type(e)]} {y})"
         elif isinstance(e, (Min, Max)):
             out = f"kiln_{'min' if isinstance(e, Min) else 'max'}<{t}>({x}, {y})"
+        elif isinstance(e, SHIFTS):
+            out = cuda_ops.shift(e, x, y, t)
         elif isinstance(e, (FloorDiv, FloorMod)) and self._positive_const(e.b) and self._non_negative(e.a):
             out = f"({x} {'/' if isinstance(e, FloorDiv) else '%'} {y})"
         elif isinstance(e, Div) and isinstance(e.b, IntImm) and e.b.value not in (0, -1):
@@ -563,7 +507,9 @@ class _KernelWriter:
             out = f"{fn}<{t}>({x}, {y})"
         else:
             raise CodegenError(f"unknown integer operation {type(e).__name__}")
-        if dt in _NARROW_INTS and isinstance(e, (Add, Sub, Mul, Div, FloorDiv, FloorMod)):
+        if dt == "uint16" and isinstance(e, Mul):  # in int, 65535 * 65535 would overflow (undefined in C)
+            out = f"((unsigned int){x} * {y})"
+        if dt in cuda_types.NARROW_INTS and isinstance(e, (Add, Sub, Mul, Div, FloorDiv, FloorMod)):
             out = f"(({t}){out})"  # C computes in int; the loop IR wraps in the narrow type
         return out
 
@@ -586,15 +532,15 @@ class _KernelWriter:
 
     def _non_negative(self, e: PrimExpr) -> bool:
         if e.dtype not in ("int32", "int64"):
-            return e.dtype in ("uint8", "bool")
+            return e.dtype in cuda_types.UNSIGNED
         lo, _ = self.ana.interval(e)
         return lo is not None and lo >= 0
 
     def _cast(self, v: str, src: str, dst: str) -> str:
         if src == dst:
             return v
-        t = _ctype(dst)
-        _ctype(src)
+        t = cuda_types.ctype(dst)
+        cuda_types.ctype(src)
         if src == "float16":
             self.uses_half = True
             return self._cast(f"__half2float({v})", "float32", dst)
@@ -605,9 +551,9 @@ class _KernelWriter:
             return f"__float2half({v if src == 'float32' else f'(float)({v})'})"
         if dst == "bool":
             return f"({v} != {'0.0f' if src == 'float32' else '0.0' if src == 'float64' else '0'})"
-        if is_float(src) and dst in _INT_RANGE:
-            lo, hi = _INT_RANGE[dst]
-            return f"kiln_saturate<{t}>({_bare(v)}, {lo}, {hi})"
+        if is_float(src) and dst in cuda_types.INT_RANGE:
+            lo, hi = cuda_types.INT_RANGE[dst]
+            return f"kiln_saturate<{t}>({cuda_types.bare(v)}, {lo}, {hi})"
         return f"(({t})({v}))"
 
     def _call(self, e: Call) -> str:
@@ -615,11 +561,15 @@ class _KernelWriter:
             raise CodegenError(f"{self.func}: intrinsic {e.name} is a statement (Evaluate), not a value")
         args = e.args
         dt = args[0].dtype if args else e.dtype
-        _ctype(dt)
+        cuda_types.ctype(dt)
+        if e.name == "reinterpret":
+            if "float16" in (dt, e.dtype):
+                self.uses_half = True
+            return cuda_types.reinterpret(self.expr(args[0]), dt, e.dtype)
         if not is_float(dt):
             x = self.expr(args[0])
             if e.name == "abs":
-                return f"kiln_abs<{C_TYPES[dt]}>({x})" if dt not in ("uint8", "bool") else x
+                return f"kiln_abs<{C_TYPES[dt]}>({x})" if dt not in cuda_types.UNSIGNED else x
             if e.name == "isnan":
                 return "false"
             if e.name in ("floor", "ceil", "round"):
@@ -693,7 +643,7 @@ class CodeGenCUDA:
         header = [f"// CUDA C generated by kiln from PrimFunc {func.name!r}: {len(kernels)} kernel(s)."]
         if uses_half:
             header.append("#include <cuda_fp16.h>")
-        header.append(_PRELUDE)
+        header.append(_PRELUDE + cuda_ops.SHIFT_PRELUDE)
         if uses_half:
             header.append(
                 "template <> __device__ __forceinline__ __half kiln_min<__half>(__half a, __half b) {\n"
@@ -755,7 +705,7 @@ class CodeGenCUDA:
                 args.append(KernelArg(kind, index[id(b)]))
                 names[id(b)] = cn(b)
                 const = "" if id(b) in stored else "const "
-                decls.append(f"{const}{_ctype(b.dtype)}* __restrict__ {names[id(b)]}")
+                decls.append(f"{const}{cuda_types.ctype(b.dtype)}* __restrict__ {names[id(b)]}")
         kernel_sizes = [v for v in size_vars if v in used]
         writer = _KernelWriter(func, launch, multi, names, narrow, shared, size_vars)
         for v in kernel_sizes:
@@ -766,7 +716,7 @@ class CodeGenCUDA:
             else:  # sizes arrive as int64, like the llvm back end's
                 arg = writer.names.fresh(f"{name}_arg")
                 decls.append(f"long long {arg}")
-                writer.emit(f"const {_ctype(v.dtype)} {name} = ({_ctype(v.dtype)}){arg};")
+                writer.emit(f"const {cuda_types.ctype(v.dtype)} {name} = ({cuda_types.ctype(v.dtype)}){arg};")
         writer.scratch = scratch
         if shared or scratch is not None:
             writer.emit("extern __shared__ __align__(16) unsigned char kiln_shared[];")

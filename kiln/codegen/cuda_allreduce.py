@@ -45,6 +45,7 @@ _SHUFFLED: dict[str, tuple[str, str, str]] = {
     "int8": ("int", "(int)({})", "(signed char)({})"),
     "int16": ("int", "(int)({})", "(short)({})"),
     "uint8": ("int", "(int)({})", "(unsigned char)({})"),
+    "uint16": ("int", "(int)({})", "(unsigned short)({})"),
 }
 
 

@@ -49,7 +49,7 @@ def optimize(text: str, target: Target, context: Any = None) -> tuple[Any, Any]:
     mod.data_layout = str(tm.target_data)
     # In this process: llvmlite's pass builder leaks about 80 KB each time (see llvm_process),
     # so kernels are compiled by `compile_ir` in a child; this is for tools and tests.
-    llvm_process.run_pipeline(mod, tm, int(target.get("opt-level", 3)))
+    llvm_process.run_pipeline(mod, tm, int(target.get("opt-level", 3)), llvm_process.wants_slp(text))
     return mod, tm
 
 

@@ -21,13 +21,21 @@ Choices, and why:
 - Floating-point add/sub/mul carry `reassoc contract` (reductions vectorize, a*b+c
   fuses to fma); no `nnan`/`ninf`/`nsz`, so inf and NaN behave as in numpy.
   Signed int32/int64 add/sub/mul carry `nsw` (their overflow is undefined, as in C
-  and TVM: index arithmetic then widens and vectorizes); int8/int16/uint8 wrap.
+  and TVM: index arithmetic then widens and vectorizes); int8/int16 and the unsigned types wrap.
 - Temporaries of constant size up to 64 KiB live on the stack (an alloca in the entry
   block, which LLVM promotes to registers); larger or symbolic ones come from
   `aligned_alloc` (64-byte aligned) and are freed on every way out, so a 4 MiB packed
   panel never overflows a thread's stack.
-- Integer division and modulo by zero give 0 (as numpy), never a trap; float to int
-  casts saturate (clamps, then a plain conversion: it vectorizes), NaN to 0.
+- Integer division and modulo by zero give 0 (as numpy), never a trap, and so do shifts
+  out of [0, width) (-1 for a negative value shifted right), where LLVM's are poison
+  (`llvm_int`); float to int casts saturate (clamps, then a plain conversion: it
+  vectorizes), NaN to 0.
+- A kernel that divides a loop variable carries `!kiln.no_slp` and is optimized without
+  the SLP vectorizer: LLVM 22.1's SLP turns an `add nuw x, 3` bundled with `sub nuw`
+  lanes into `sub nuw x, -3`, which is poison (llvm_process.wants_slp). A vectorized loop
+  whose variable is divided by a power of two 2^k gets at most 2^k lanes and no interleaving:
+  LLVM 22.1's loop vectorizer reads `p[(i & (2^k - 1)) | base]` as consecutive across the
+  wrap (`llvm_lanes`).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import attrs
 import llvmlite.ir as ir
 import numpy as np
 
-from kiln.codegen import llvm_math
+from kiln.codegen import llvm_int, llvm_lanes, llvm_math, llvm_process
 from kiln.codegen.jit import CodegenError
 from kiln.ir import graph
 from kiln.runtime import linker, pool
@@ -108,6 +116,9 @@ _TYPES: dict[str, tuple[ir.Type, ir.Type, int]] = {
     "int32": (I32, I32, 32),
     "int64": (I64, I64, 64),
     "uint8": (I8, I8, 8),
+    "uint16": (ir.IntType(16), ir.IntType(16), 16),
+    "uint32": (I32, I32, 32),
+    "uint64": (I64, I64, 64),
     "bool": (I1, I8, 8),
 }
 _FLOAT_FLAGS = ("reassoc", "contract")
@@ -133,8 +144,7 @@ def _mem(dtype: str) -> ir.Type:
     return _TYPES[dtype][1]
 
 
-def _signed(dtype: str) -> bool:
-    return not dtype.startswith("uint") and dtype != "bool"
+_signed = llvm_int.signed
 
 
 class _LoopMD(ir.values.MDValue):  # type: ignore[misc]  # llvmlite has no stubs
@@ -218,6 +228,10 @@ class CodeGenLLVM:
         self.stmt(flat.body)
         self.f.builder.ret(I32(STATUS_OK))
         self._embed_signature(func)
+        root: Node = flat.body
+        loop_vars = [n.loop_var for n in graph.post_order([root], children) if isinstance(n, For)]
+        if llvm_lanes.divides(flat.body, *loop_vars):  # LLVM 22's SLP vectorizer miscompiles its index arithmetic
+            self.module.add_named_metadata(llvm_process.NO_SLP, ["divides a loop variable"])
         return str(self.module)
 
     def _embed_signature(self, func: PrimFunc) -> None:
@@ -403,6 +417,9 @@ class CodeGenLLVM:
         width = self.vector_bits // _widest_store(s.body)
         if isinstance(s.extent, IntImm):
             width = min(width, 1 << max(s.extent.value, 1).bit_length() - 1)
+        period = llvm_lanes.lane_period(s.body, s.loop_var)
+        if period is not None:  # LLVM 22 misreads `i % 2^k` as consecutive across more lanes (llvm_lanes)
+            width = min(width, period)
         return width if width > 1 else None
 
     def _loop_md(self, s: For) -> ir.values.MDValue | None:
@@ -416,13 +433,19 @@ class CodeGenLLVM:
         # tiles need that (without it LLVM unrolled a dense's 16-lane loops first and made gathers of them,
         # 2.2x slower). But LLVM 22 then read an operand indexed by a division of the lane variable as
         # consecutive ((16,2,4,4) + (2,1,4): B[j, 0, i % 4] went wrong): such loops are only kept from
-        # runtime unrolling.
-        unroll = "llvm.loop.unroll.runtime.disable" if _divides(s.body, s.loop_var) else "llvm.loop.unroll.disable"
-        return _LoopMD(m, [m.add_metadata(["llvm.loop.vectorize.enable", ir.Constant(I1, 1)]),
-                           m.add_metadata(["llvm.loop.vectorize.width", ir.Constant(I32, width)]),
-                           m.add_metadata([unroll]),
-                           m.add_metadata(["llvm.loop.vectorize.followup_vectorized",
-                                           m.add_metadata(["llvm.loop.isvectorized"])])])
+        # runtime unrolling. The cause, the loop vectorizer's reading of a masked `i % 2^k`, also strikes
+        # loops too big to unroll; their widths are capped and interleaving is off (llvm_lanes).
+        unroll = "llvm.loop.unroll.runtime.disable" if llvm_lanes.divides(s.body, s.loop_var) \
+            else "llvm.loop.unroll.disable"
+        props = [m.add_metadata(["llvm.loop.vectorize.enable", ir.Constant(I1, 1)]),
+                 m.add_metadata(["llvm.loop.vectorize.width", ir.Constant(I32, width)]),
+                 m.add_metadata([unroll]),
+                 m.add_metadata(["llvm.loop.vectorize.followup_vectorized",
+                                 m.add_metadata(["llvm.loop.isvectorized"])])]
+        if llvm_lanes.lane_period(s.body, s.loop_var) is not None:
+            # interleaved vectors of a masked `i % 2^k` are as wrong as wider ones (llvm_lanes)
+            props.append(m.add_metadata(["llvm.loop.interleave.count", ir.Constant(I32, 1)]))
+        return _LoopMD(m, props)
 
     def _loop(self, var: Var, begin: ir.Value, end: ir.Value, body: Stmt, md: ir.values.MDValue | None) -> None:
         b, fn = self.f.builder, self.f.fn
@@ -519,8 +542,10 @@ class CodeGenLLVM:
         """The value of `e` at the builder's position."""
         b = self.f.builder
         if isinstance(e, IntImm):
-            return ir.Constant(_reg(e.dtype), int(e.value) & ((1 << _reg(e.dtype).width) - 1)
-                               if e.dtype == "uint8" else int(e.value))
+            # unsigned constants are written as their bit pattern (2**63 + 5 as i64 is -9223372036854775803)
+            width = _reg(e.dtype).width
+            bits = int(e.value) & ((1 << width) - 1)
+            return ir.Constant(_reg(e.dtype), bits - (1 << width) if width > 1 and bits >> (width - 1) else bits)
         if isinstance(e, FloatImm):
             if e.dtype == "float16":  # a float16 constant holds a float16 value, like numpy's
                 with np.errstate(over="ignore"):
@@ -564,7 +589,7 @@ class CodeGenLLVM:
             return b.or_(x, y)
         if is_float(dt):
             return self._float_binary(e, x, y)
-        return self._int_binary(e, x, y)
+        return llvm_int.binary(self.f.builder, e, x, y)
 
     def _float_binary(self, e: BinaryOp, x: ir.Value, y: ir.Value) -> ir.Value:
         b = self.f.builder
@@ -585,54 +610,6 @@ class CodeGenLLVM:
             return b.fsub(x, b.fmul(fq, y))
         raise CodegenError(f"unknown float operation {type(e).__name__}")
 
-    def _int_binary(self, e: BinaryOp, x: ir.Value, y: ir.Value) -> ir.Value:
-        b = self.f.builder
-        dt = e.a.dtype
-        signed = _signed(dt)
-        flags: tuple[str, ...] = ("nsw",) if dt in ("int32", "int64") else ()
-        if isinstance(e, Add):
-            return b.add(x, y, flags=flags)
-        if isinstance(e, Sub):
-            return b.sub(x, y, flags=flags)
-        if isinstance(e, Mul):
-            return b.mul(x, y, flags=flags)
-        if isinstance(e, (Min, Max)):
-            op = "<" if isinstance(e, Min) else ">"
-            c = b.icmp_signed(op, x, y) if signed else b.icmp_unsigned(op, x, y)
-            return b.select(c, x, y)
-        if isinstance(e, (Div, FloorDiv, FloorMod)):
-            return self._int_division(e, x, y, signed)
-        raise CodegenError(f"unknown integer operation {type(e).__name__}")
-
-    def _int_division(self, e: BinaryOp, x: ir.Value, y: ir.Value, signed: bool) -> ir.Value:
-        """Truncating Div, flooring FloorDiv/FloorMod; division by 0 gives 0 and never traps."""
-        b = self.f.builder
-        ty = x.type
-        zero, one = ir.Constant(ty, 0), ir.Constant(ty, 1)
-        const_ok = isinstance(e.b, IntImm) and e.b.value not in (0, -1)
-        is_zero = is_m1 = None
-        if not const_ok:
-            is_zero = b.icmp_unsigned("==", y, zero)
-            bad = is_zero
-            if signed:
-                is_m1 = b.icmp_signed("==", y, ir.Constant(ty, -1))
-                bad = b.or_(is_zero, is_m1)
-            y = b.select(bad, one, y)
-        if not signed:
-            r = b.urem(x, y) if isinstance(e, FloorMod) else b.udiv(x, y)
-            return r if is_zero is None else b.select(is_zero, zero, r)
-        q, r = b.sdiv(x, y), b.srem(x, y)
-        if is_m1 is not None:  # x / -1 is -x (wrapping), and its remainder 0
-            q = b.select(is_m1, b.sub(zero, x), q)
-        fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("<", b.xor(r, y), zero))
-        if isinstance(e, Div):
-            out = q
-        elif isinstance(e, FloorDiv):
-            out = b.sub(q, b.zext(fix, ty))
-        else:
-            out = b.add(r, b.select(fix, y, zero))
-        return out if is_zero is None else b.select(is_zero, zero, out)
-
     def _call(self, e: Call) -> ir.Value:
         b = self.f.builder
         if e.name == "prefetch":  # of a (read, high-locality, data) cache line; never loads, may point past the end
@@ -646,6 +623,8 @@ class CodeGenLLVM:
             raise CodegenError(f"{e.name}: a reduction across GPU threads (a reduction axis bound to threadIdx.x) "
                                "compiles for cuda targets only")
         dt = e.args[0].dtype
+        if e.name == "reinterpret":
+            return self._reinterpret(self.expr(e.args[0]), dt, e.dtype)
         if e.name == "pow" and is_float(dt) and isinstance(e.args[1], FloatImm) and e.args[1].value in _POW_BY_PRODUCT:
             # x**2, x**3 (GELU's tanh form), x**4 as products: llvm.pow is a scalar libm call that stops the
             # loop vectorizing (GPT-2's GELU ran at 12 ns an element)
@@ -680,6 +659,14 @@ class CodeGenLLVM:
         if self.f16c and v.type == llvm_math.F32:  # vcvtps2ph; double -> half has no F16C instruction
             return b.bitcast(b.fptrunc(v, F16), llvm_math.I16)
         return llvm_math.float_to_half_bits(b, v)
+
+    def _reinterpret(self, v: ir.Value, src: str, dst: str) -> ir.Value:
+        """The bits of `v` (a `src` register) read as `dst`; float16 is a float register around its i16 bits."""
+        if src == "float16":
+            return self._half_bits(v)  # the int16/uint16 register is those bits
+        if dst == "float16":
+            return self._half_to_float(v)
+        return self.f.builder.bitcast(v, _reg(dst))
 
     def _half_to_float(self, h: ir.Value) -> ir.Value:
         """The float32 value of float16 bits `h` (exact)."""
@@ -740,18 +727,6 @@ class CodeGenLLVM:
 
 
 _POW_BY_PRODUCT = (1.0, 2.0, 3.0, 4.0)  # exponents of pow emitted as multiplications (1 to 3 roundings)
-
-
-def _divides(body: Stmt, var: Var) -> bool:
-    """Whether `body` divides (or takes the remainder of) an expression of `var`."""
-    uses: set[int] = {id(var)}
-    root: Node = body
-    for n in graph.post_order([root], children):
-        if any(id(c) in uses for c in children(n)):
-            uses.add(id(n))
-            if isinstance(n, (FloorDiv, FloorMod, Div)) and id(n.a) in uses:
-                return True
-    return False
 
 
 def _widest_store(s: Stmt) -> int:

@@ -30,6 +30,8 @@ from typing import IO, Any
 
 import llvmlite.binding as llvm
 
+# Named metadata of a module to optimize without the SLP vectorizer (see `run_pipeline`).
+NO_SLP = "kiln.no_slp"
 RECYCLE_AFTER = 200  # kernels per child: at most about 16 MB of leaked pass-builder memory in it
 _HEADER = struct.Struct("<Q")
 
@@ -51,11 +53,23 @@ def target_machine(triple: str, cpu: str, features: str, level: int) -> Any:
         cpu=cpu, features=features, opt=level, reloc="pic", codemodel="jitdefault", jit=True)
 
 
-def run_pipeline(mod: Any, tm: Any, level: int) -> None:
-    """Runs the new pass builder's O-`level` pipeline, with loop and SLP vectorization from O2, on `mod`."""
+def wants_slp(text: str) -> bool:
+    """Whether the module of IR `text` may be SLP-vectorized: not when it carries `!kiln.no_slp`.
+
+    LLVM 22.1's SLP vectorizer miscompiles index arithmetic: bundling `add nuw x, 3` with `sub nuw y, z`
+    lanes it emits `sub nuw <x, ...>, <-3, ...>`, poison in lane 0 (llvm/llvm-project#209023, fixed
+    upstream by #209047). Index arithmetic that divides a loop variable gives LLVM such `sub nuw`
+    (`i - i urem 60` from `i // 60 * 60`) next to additions of constants once its loops are unrolled;
+    the code generator marks those kernels, whose gathers gain nothing measurable from SLP.
+    """
+    return f"!{NO_SLP} =" not in text
+
+
+def run_pipeline(mod: Any, tm: Any, level: int, slp: bool = True) -> None:
+    """Runs the new pass builder's O-`level` pipeline, with loop (and, if `slp`, SLP) vectorization from O2."""
     pto = llvm.create_pipeline_tuning_options(speed_level=level)  # size level 0 (no -Os)
     pto.loop_vectorization = level >= 2
-    pto.slp_vectorization = level >= 2
+    pto.slp_vectorization = level >= 2 and slp
     pto.loop_unrolling = level >= 2
     pb = llvm.create_pass_builder(tm, pto)
     mpm = pb.getModulePassManager()
@@ -89,7 +103,7 @@ def compile_text(text: str, triple: str, cpu: str, features: str, level: int, so
         try:
             mod.triple = tm.triple
             mod.data_layout = str(tm.target_data)
-            run_pipeline(mod, tm, level)
+            run_pipeline(mod, tm, level, wants_slp(text))
             out: dict[str, Any] = {"obj": bytes(tm.emit_object(mod)),
                                    "declared": [fn.name for fn in mod.functions if fn.is_declaration]}
             if sources:

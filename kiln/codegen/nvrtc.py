@@ -13,9 +13,10 @@ The arch comes from the target (`Target("cuda -arch=sm_90")`, a tag such as
 float16 kernels include `<cuda_fp16.h>`. It is looked for in a CUDA toolkit
 (`CUDA_PATH`, `CUDA_HOME`, cuda-pathfinder, `/usr/local/cuda*`) and in the
 `nvidia` pip packages; where none has it, kiln gives NVRTC a small header of
-its own with the four names the code generator uses (`__half` and the
-conversions `__float2half`, `__double2half`, `__half2float`, each one PTX
-`cvt` instruction, which rounds exactly as the toolkit's does).
+its own with the names the code generator uses (`__half`; the conversions
+`__float2half`, `__double2half`, `__half2float`, each one PTX `cvt`
+instruction, which rounds exactly as the toolkit's does; and the bit casts
+`__half_as_short`, `__half_as_ushort`, `__short_as_half`, `__ushort_as_half`).
 
 Compiled code is cached in memory and on disk, under the cache folder of the
 llvm kernels (`$KILN_CACHE_DIR`, default `~/.cache/kiln`; `KILN_CACHE=0`
@@ -64,6 +65,10 @@ __device__ __forceinline__ __half __double2half(const double d) {
 __device__ __forceinline__ float __half2float(const __half h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.__x)); return f;
 }
+__device__ __forceinline__ short __half_as_short(const __half h) { return (short)h.__x; }
+__device__ __forceinline__ unsigned short __half_as_ushort(const __half h) { return h.__x; }
+__device__ __forceinline__ __half __short_as_half(const short i) { __half h; h.__x = (unsigned short)i; return h; }
+__device__ __forceinline__ __half __ushort_as_half(const unsigned short i) { __half h; h.__x = i; return h; }
 """
 
 

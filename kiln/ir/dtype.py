@@ -20,6 +20,9 @@ _TYPES: dict[str, tuple[str, int]] = {
     "int32": ("int", 32),
     "int64": ("int", 64),
     "uint8": ("uint", 8),
+    "uint16": ("uint", 16),
+    "uint32": ("uint", 32),
+    "uint64": ("uint", 64),
     "bool": ("bool", 1),
 }
 

@@ -52,6 +52,7 @@ from kiln.te.tensor import (
     thread_axis,
     var,
 )
+from kiln.tir.expr import bitwise_and, bitwise_not, bitwise_or, bitwise_xor, reinterpret, shift_left, shift_right
 
 __all__ = [
     "AttachType",
@@ -69,6 +70,10 @@ __all__ = [
     "TEError",
     "Tensor",
     "abs",
+    "bitwise_and",
+    "bitwise_not",
+    "bitwise_or",
+    "bitwise_xor",
     "cast",
     "ceil",
     "comm_reducer",
@@ -88,9 +93,12 @@ __all__ = [
     "pow",
     "prod",
     "reduce_axis",
+    "reinterpret",
     "round",
     "rsqrt",
     "select",
+    "shift_left",
+    "shift_right",
     "sigmoid",
     "sin",
     "sqrt",

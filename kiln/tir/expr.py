@@ -5,6 +5,9 @@ by identity (a `Var` is itself); `kiln.tir.printer` gives the canonical text
 used for structural comparison and cache keys. Arithmetic operators build
 nodes (`i * 4 + j`), constant-folding what is constant; comparisons `<`, `<=`,
 `>`, `>=` build nodes too, but `==` stays identity: use `tir.eq(a, b)`.
+The bitwise operators `&`, `|`, `^`, `~`, `<<`, `>>` build the integer nodes
+`BitAnd` ... `ShiftRight` (`~x` is `x ^ all_ones`); a shift is defined for
+every amount, as numpy defines it (see `ShiftLeft`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from kiln.errors import KilnError
 
 ExprLike = Union["PrimExpr", int, float, bool]
 
-_INT_TYPES = ("int8", "int16", "int32", "int64", "uint8", "bool")
+_INT_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
 _FLOAT_TYPES = ("float16", "bfloat16", "float32", "float64")
 
 
@@ -81,6 +84,39 @@ class PrimExpr:
 
     def __neg__(self) -> PrimExpr:
         return binary(Sub, const(0, self.dtype), self)
+
+    def __and__(self, other: ExprLike) -> PrimExpr:
+        return binary(BitAnd, self, other)
+
+    def __rand__(self, other: ExprLike) -> PrimExpr:
+        return binary(BitAnd, other, self)
+
+    def __or__(self, other: ExprLike) -> PrimExpr:
+        return binary(BitOr, self, other)
+
+    def __ror__(self, other: ExprLike) -> PrimExpr:
+        return binary(BitOr, other, self)
+
+    def __xor__(self, other: ExprLike) -> PrimExpr:
+        return binary(BitXor, self, other)
+
+    def __rxor__(self, other: ExprLike) -> PrimExpr:
+        return binary(BitXor, other, self)
+
+    def __lshift__(self, other: ExprLike) -> PrimExpr:
+        return binary(ShiftLeft, self, other)
+
+    def __rlshift__(self, other: ExprLike) -> PrimExpr:
+        return binary(ShiftLeft, other, self)
+
+    def __rshift__(self, other: ExprLike) -> PrimExpr:
+        return binary(ShiftRight, self, other)
+
+    def __rrshift__(self, other: ExprLike) -> PrimExpr:
+        return binary(ShiftRight, other, self)
+
+    def __invert__(self) -> PrimExpr:
+        return bitwise_not(self)
 
     def __lt__(self, other: ExprLike) -> PrimExpr:
         return binary(LT, self, other)
@@ -211,8 +247,42 @@ class Or(BinaryOp):
     symbol = "or"
 
 
+class BitAnd(BinaryOp):
+    """Bitwise and of two integers (or bools) of one dtype."""
+
+    symbol = "&"
+
+
+class BitOr(BinaryOp):
+    """Bitwise or."""
+
+    symbol = "|"
+
+
+class BitXor(BinaryOp):
+    """Bitwise exclusive or; `bitwise_not(x)` is `x ^ all_ones` (LLVM's canonical `not`)."""
+
+    symbol = "^"
+
+
+class ShiftLeft(BinaryOp):
+    """a << b, the amount b of a's dtype read as unsigned: an amount of at least the bit width (or a negative
+    one) gives 0, as numpy (C and LLVM leave it undefined: the back ends guard it unless b is a constant)."""
+
+    symbol = "<<"
+
+
+class ShiftRight(BinaryOp):
+    """a >> b: arithmetic for signed a, logical for unsigned; an amount out of range as for `ShiftLeft`
+    gives 0, or -1 for a negative a (every bit shifted out, the sign shifted in)."""
+
+    symbol = ">>"
+
+
 COMPARISONS = (EQ, NE, LT, LE, GT, GE)
 LOGICAL = (And, Or)
+BITWISE = (BitAnd, BitOr, BitXor)
+SHIFTS = (ShiftLeft, ShiftRight)
 
 
 @attrs.frozen(eq=False, repr=False)
@@ -250,9 +320,11 @@ def _shape(values: Any) -> tuple[PrimExpr, ...]:
 INTRINSICS = frozenset(
     {
         "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "pow", "floor", "ceil", "round",
-        "abs", "sin", "cos", "fma", "isnan", "prefetch",
+        "abs", "sin", "cos", "fma", "isnan", "prefetch", "reinterpret",
     }
 )
+# `reinterpret(x, dtype=d)` is x's bits read as dtype d (C++'s bit_cast, numpy's `.view`): d and x's dtype
+# have one width. bool and bfloat16 have no bits of their own here, so it takes neither.
 # `prefetch(buf[i])` (int32, for an Evaluate) hints that the cache line holding buf[i] will be read
 # soon; the load is never performed, so the index may lie past the buffer.
 
@@ -332,13 +404,22 @@ def _fold(cls: type[BinaryOp], a: PrimExpr, b: PrimExpr) -> PrimExpr | None:
         return None
     table: dict[type[BinaryOp], Any] = {
         Add: lambda: x + y, Sub: lambda: x - y, Mul: lambda: x * y,
-        Div: lambda: (x / y) if is_float(a.dtype) else int(x / y),
+        # integers: exact truncating division (x / y in floats loses the low bits of 64-bit values)
+        Div: lambda: (x / y) if is_float(a.dtype) else (abs(int(x)) // abs(int(y))) * (1 if (x < 0) == (y < 0) else -1),
         FloorDiv: lambda: (x // y), FloorMod: lambda: (x % y),
         Min: lambda: min(x, y), Max: lambda: max(x, y),
         EQ: lambda: x == y, NE: lambda: x != y, LT: lambda: x < y, LE: lambda: x <= y,
         GT: lambda: x > y, GE: lambda: x >= y, And: lambda: bool(x) and bool(y), Or: lambda: bool(x) or bool(y),
+        BitAnd: lambda: int(x) & int(y), BitOr: lambda: int(x) | int(y), BitXor: lambda: int(x) ^ int(y),
+        ShiftLeft: lambda: _shift(a.dtype, int(x), int(y), left=True),
+        ShiftRight: lambda: _shift(a.dtype, int(x), int(y), left=False),
     }
-    return const(table[cls](), out_dtype)
+    value = table[cls]()
+    if cls in BITWISE or cls in SHIFTS:  # bit patterns: a signed x << s wraps too (LLVM's shl has no nsw here)
+        value = _convert(value, out_dtype)
+    elif out_dtype.startswith("uint"):  # unsigned arithmetic wraps (uint64 0 - 1 is 2**64 - 1); signed is left
+        value = _convert(value, out_dtype)  # as it was: its overflow is undefined, and the simplifier assumes none
+    return const(value, out_dtype)
 
 
 def binary(cls: type[BinaryOp], a: ExprLike, b: ExprLike) -> PrimExpr:
@@ -354,6 +435,9 @@ def binary(cls: type[BinaryOp], a: ExprLike, b: ExprLike) -> PrimExpr:
     a, b = as_expr(a), as_expr(b)
     if a.dtype != b.dtype:
         raise TIRError(f"{cls.__name__} of {a.dtype} and {b.dtype}: cast one side first ({a} {cls.symbol} {b})")
+    if (cls in BITWISE and not is_int(a.dtype)) or (cls in SHIFTS and (not is_int(a.dtype) or a.dtype == "bool")):
+        kinds = "integers or bools" if cls in BITWISE else "integers"
+        raise TIRError(f"{cls.__name__} of {a.dtype}: bitwise operations take {kinds} ({a} {cls.symbol} {b})")
     folded = _fold(cls, a, b)
     if folded is not None:
         return folded
@@ -379,6 +463,48 @@ def min_(a: ExprLike, b: ExprLike) -> PrimExpr:
 def max_(a: ExprLike, b: ExprLike) -> PrimExpr:
     """max(a, b)."""
     return binary(Max, a, b)
+
+
+def bitwise_and(a: ExprLike, b: ExprLike) -> PrimExpr:
+    """a & b."""
+    return binary(BitAnd, a, b)
+
+
+def bitwise_or(a: ExprLike, b: ExprLike) -> PrimExpr:
+    """a | b."""
+    return binary(BitOr, a, b)
+
+
+def bitwise_xor(a: ExprLike, b: ExprLike) -> PrimExpr:
+    """a ^ b."""
+    return binary(BitXor, a, b)
+
+
+def bitwise_not(a: PrimExpr) -> PrimExpr:
+    """~a: every bit flipped, as `a ^ all_ones` (no node of its own: LLVM writes `not` as that `xor`,
+    and every pass that knows `BitXor` knows it). On a bool, the logical not."""
+    if not is_int(a.dtype):
+        raise TIRError(f"bitwise_not of {a.dtype}: bitwise operations take integers or bools ({a})")
+    ones = True if a.dtype == "bool" else -1 if not a.dtype.startswith("u") else (1 << _INT_BITS[a.dtype]) - 1
+    return binary(BitXor, a, const(ones, a.dtype))
+
+
+def shift_left(a: ExprLike, b: ExprLike) -> PrimExpr:
+    """a << b (0 for an amount out of [0, bits), see `ShiftLeft`)."""
+    return binary(ShiftLeft, a, b)
+
+
+def shift_right(a: ExprLike, b: ExprLike) -> PrimExpr:
+    """a >> b, arithmetic for signed a, logical for unsigned (see `ShiftRight`)."""
+    return binary(ShiftRight, a, b)
+
+
+def _shift(dtype: str, x: int, s: int, left: bool) -> int:
+    """`x << s` or `x >> s` as the loop IR defines them: `s` read as unsigned, out of range shifts everything out."""
+    bits = _INT_BITS[dtype]
+    if not 0 <= s < bits:  # a negative s, read as unsigned, is at least 2**(bits - 1) >= bits
+        return -1 if not left and x < 0 else 0
+    return x << s if left else x >> s  # Python's >> is arithmetic (floor) on negatives, logical on the rest
 
 
 def all_of(*conds: ExprLike) -> PrimExpr:
@@ -418,11 +544,18 @@ def cast(dtype: str, value: ExprLike) -> PrimExpr:
     return Cast(dtype, value)
 
 
-_INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8}
+_INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "uint8": 8, "uint16": 16, "uint32": 32,
+             "uint64": 64}
 
 
 def _convert(value: float, dtype: str) -> float:
     """A constant converted as C converts it: truncation toward zero, wrap-around, bool of nonzero."""
+    if dtype in ("float16", "float32"):
+        import numpy as np
+
+        # rounded once, to nearest even, from the value itself (numpy's conversions are correctly rounded)
+        with np.errstate(over="ignore"):
+            return float(np.float16(value) if dtype == "float16" else np.float32(value))
     if is_float(dtype):
         return float(value)
     if dtype == "bool":
@@ -457,4 +590,39 @@ def call(name: str, *args: ExprLike, dtype: str | None = None) -> PrimExpr:
         if len(exprs) != 1 or not isinstance(exprs[0], BufferLoad):
             raise TIRError(f"prefetch takes one buffer element (buf[i]), got {exprs!r}")
         return Call("int32", name, exprs)
+    if name == "reinterpret":
+        if len(exprs) != 1:
+            raise TIRError(f"reinterpret takes one value, got {len(exprs)}")
+        return reinterpret(exprs[0], dtype)
     return Call(dtype or exprs[0].dtype, name, exprs)
+
+
+_BITS = {"int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "float16": 16, "int32": 32, "uint32": 32,
+         "float32": 32, "int64": 64, "uint64": 64, "float64": 64}
+
+
+def reinterpret(value: ExprLike, dtype: str | None = None) -> PrimExpr:
+    """The bits of `value` read as `dtype` (of the same width); constants fold as numpy's `.view`.
+
+    Raises:
+        TIRError: for a dtype missing, of another width, or without bits (bool, bfloat16).
+    """
+    x = as_expr(value)
+    if dtype is None:
+        raise TIRError("reinterpret needs the dtype to read the bits as (dtype=...)")
+    src_bits, dst_bits = _BITS.get(x.dtype), _BITS.get(dtype)
+    if src_bits is None or dst_bits is None:
+        raise TIRError(f"reinterpret of {x.dtype} as {dtype}: it takes the dtypes {', '.join(_BITS)}")
+    if src_bits != dst_bits:
+        raise TIRError(f"reinterpret of {x.dtype} ({src_bits} bits) as {dtype} ({dst_bits} bits): "
+                       "the widths differ")
+    if x.dtype == dtype:
+        return x
+    if isinstance(x, (IntImm, FloatImm)):
+        import numpy as np
+
+        out = np.array(x.value).astype(x.dtype).view(dtype).item()
+        # a NaN stays a Call: a Python float would lose its payload, or quiet a signalling one
+        if not (isinstance(out, float) and out != out):
+            return const(out, dtype)
+    return Call(dtype, "reinterpret", (x,))

@@ -65,14 +65,20 @@ _PREC = {
     "<=": 4,
     ">": 4,
     ">=": 4,
-    "+": 6,
-    "-": 6,
-    "*": 7,
-    "/": 7,
-    "//": 7,
-    "%": 7,
+    "|": 5,
+    "^": 6,
+    "&": 7,
+    "<<": 8,
+    ">>": 8,
+    "+": 9,
+    "-": 9,
+    "*": 10,
+    "/": 10,
+    "//": 10,
+    "%": 10,
 }
-_ATOM = 10
+_UNARY = 11  # a negative literal, `-x`
+_ATOM = 12
 
 
 def _expr(e: PrimExpr, names: _Names) -> str:
@@ -92,11 +98,11 @@ def _expr_prec(e: PrimExpr, names: _Names) -> tuple[str, int]:
         if e.dtype == "bool":
             return ("True" if e.value else "False"), _ATOM
         if e.dtype == "int32":
-            return str(e.value), (_ATOM if e.value >= 0 else 8)
+            return str(e.value), (_ATOM if e.value >= 0 else _UNARY)
         return f"{e.dtype}({e.value})", _ATOM
     if isinstance(e, FloatImm):
         if e.dtype == "float32":
-            return repr(e.value), (_ATOM if e.value >= 0 or e.value != e.value else 8)
+            return repr(e.value), (_ATOM if e.value >= 0 or e.value != e.value else _UNARY)
         return f"{e.dtype}({e.value!r})", _ATOM
     if isinstance(e, (Min, Max)):
         return f"{e.symbol}({_expr(e.a, names)}, {_expr(e.b, names)})", _ATOM

@@ -45,7 +45,7 @@ from kiln.tir.stmt import Allocate, BufferStore, Evaluate, For, IfThenElse, LetS
 MAX_HEIGHT = 48
 # A shared sub-expression of pure index arithmetic is bound once its unfolded tree is this big.
 _INDEX_TREE_LIMIT = 64
-_INDEX_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "bool")
+_INDEX_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
 _LEAVES = (Var, IntImm, FloatImm)
 
 

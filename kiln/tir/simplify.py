@@ -19,16 +19,19 @@ stay in range.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
+from kiln.tir import bitwise
 from kiln.tir.expr import (
+    BITWISE,
     EQ,
     GE,
     GT,
     LE,
     LT,
     NE,
+    SHIFTS,
     Add,
     And,
     BinaryOp,
@@ -56,88 +59,25 @@ from kiln.tir.expr import (
     const,
     is_float,
     logical_not,
+    reinterpret,
     select,
 )
 from kiln.tir.functor import StmtExprMutator, Substituter, let_chain, same_expr, structural_key, used_vars
-from kiln.tir.printer import expr_text
+from kiln.tir.linear import LINEAR_DTYPES as LINEAR_DTYPES  # re-exported: passes import it from here
+from kiln.tir.linear import Linear as Linear
+from kiln.tir.linear import term_order
 from kiln.tir.stmt import Allocate, Evaluate, For, ForKind, IfThenElse, LetStmt, SeqStmt, Stmt, seq
 
-# Integer dtypes whose arithmetic the linear form models (no wrap-around assumed).
-LINEAR_DTYPES = ("int8", "int16", "int32", "int64")
-_DTYPE_RANGE = {"bool": (0, 1), "uint8": (0, 255), "int8": (-128, 127), "int16": (-(2**15), 2**15 - 1)}
+_DTYPE_RANGE = {"bool": (0, 1), "uint8": (0, 255), "uint16": (0, 2**16 - 1), "uint32": (0, 2**32 - 1),
+                "uint64": (0, 2**64 - 1), "int8": (-128, 127), "int16": (-(2**15), 2**15 - 1)}
 _AFFINE = (Add, Sub, Mul, Div, FloorDiv, FloorMod, Min, Max)
+_BIT_NODES = (*BITWISE, *SHIFTS)  # atoms of the linear form; their rules are in kiln.tir.bitwise
 _NEGATE = {LT: GE, LE: GT, GT: LE, GE: LT, EQ: NE, NE: EQ}
 _MAX_SUBSTITUTIONS = 32
 _MAX_CASE_SPLITS = 2  # min/max atoms a bound looks through, one case pair each (3x the work per level)
 _MAX_PRODUCT_TERMS = 16
 
 Interval = tuple[int | None, int | None]
-
-
-class Linear:
-    """`sum(coef * atom) + const` over integers of one dtype; atoms keyed structurally."""
-
-    __slots__ = ("const", "dtype", "terms")
-
-    def __init__(self, dtype: str, terms: dict[Hashable, tuple[PrimExpr, int]] | None = None, c: int = 0) -> None:
-        self.dtype = dtype
-        self.terms: dict[Hashable, tuple[PrimExpr, int]] = {k: v for k, v in (terms or {}).items() if v[1] != 0}
-        self.const = c
-
-    @classmethod
-    def atom(cls, e: PrimExpr) -> Linear:
-        """The form `1 * e`."""
-        return cls(e.dtype, {structural_key(e): (e, 1)})
-
-    @property
-    def is_const(self) -> bool:
-        """Whether the form has no atoms."""
-        return not self.terms
-
-    def coef(self, key: Hashable) -> int:
-        """The coefficient of the atom with structural key `key` (0 when absent)."""
-        return self.terms[key][1] if key in self.terms else 0
-
-    def add(self, other: Linear, scale: int = 1) -> Linear:
-        """`self + scale * other`."""
-        terms = dict(self.terms)
-        for k, (a, c) in other.terms.items():
-            terms[k] = (a, terms[k][1] + scale * c) if k in terms else (a, scale * c)
-        return Linear(self.dtype, terms, self.const + scale * other.const)
-
-    def scale(self, k: int) -> Linear:
-        """`k * self`."""
-        return Linear(self.dtype, {key: (a, c * k) for key, (a, c) in self.terms.items()}, self.const * k)
-
-    def plus(self, c: int) -> Linear:
-        """`self + c`."""
-        return Linear(self.dtype, self.terms, self.const + c)
-
-    def sub(self, other: Linear) -> Linear:
-        """`self - other`."""
-        return self.add(other, -1)
-
-    def __eq__(self, other: object) -> bool:
-        """The same form: dtype, constant, and atoms (by structural key) with their coefficients."""
-        if not isinstance(other, Linear):
-            return NotImplemented
-        if self.dtype != other.dtype or self.const != other.const or self.terms.keys() != other.terms.keys():
-            return False
-        return all(c == other.terms[k][1] for k, (_a, c) in self.terms.items())
-
-    __hash__ = None  # type: ignore[assignment]  # mutable terms: compared, never hashed
-
-    def __repr__(self) -> str:
-        terms = " + ".join(f"{c}*{expr_text(a)}" for a, c in sorted(self.terms.values(), key=_order))
-        return f"Linear({self.dtype}: {terms + ' + ' if terms else ''}{self.const})"
-
-
-def _order(item: tuple[PrimExpr, int]) -> tuple[int, int, int, str]:
-    # Larger strides first (`io*16 + ii`), products before variables, then creation order.
-    atom, coef = item
-    if isinstance(atom, Var):
-        return (-abs(coef), 1, atom.uid, "")
-    return (-abs(coef), 0 if isinstance(atom, Mul) else 2, 0, expr_text(atom))
 
 
 class Analyzer:
@@ -343,6 +283,8 @@ class Analyzer:
             return _opt(min, alo, blo, strict=True), _opt(max, ahi, bhi, strict=True)
         if isinstance(e, Cast) and e.dtype in LINEAR_DTYPES and e.value.dtype in (*LINEAR_DTYPES, "bool", "uint8"):
             return self.interval(e.value)
+        if isinstance(e, _BIT_NODES) and (known := bitwise.interval(type(e), self.interval(e.a), self.interval(e.b))):
+            return known
         return _DTYPE_RANGE.get(e.dtype, (None, None))
 
     # -- linear forms -------------------------------------------------------------------
@@ -489,7 +431,7 @@ class Analyzer:
     def expr_of(self, lin: Linear) -> PrimExpr:
         """The expression of a linear form, in canonical order."""
         dt = lin.dtype
-        items = sorted(lin.terms.values(), key=_order)
+        items = sorted(lin.terms.values(), key=term_order)
         pos = [(a, c) for a, c in items if c > 0]
         neg = [(a, -c) for a, c in items if c < 0]
 
@@ -545,7 +487,7 @@ class Analyzer:
             return select(c, t, f)
         if isinstance(e, Call):
             args = tuple(self.simplify(a) for a in e.args)
-            return Call(e.dtype, e.name, args)
+            return reinterpret(args[0], e.dtype) if e.name == "reinterpret" else Call(e.dtype, e.name, args)
         if isinstance(e, BufferLoad):
             return BufferLoad(e.dtype, e.buffer, tuple(self.simplify(i) for i in e.indices))
         raise TypeError(f"unknown loop-IR expression {type(e).__name__}")
@@ -564,6 +506,8 @@ class Analyzer:
             return a
         if isinstance(e, (Min, Max)) and same_expr(a, b):
             return a
+        if isinstance(e, _BIT_NODES) and (known := bitwise.identity(type(e), a, b, same_expr(a, b))) is not None:
+            return known
         return binary(type(e), a, b)
 
     def _compare(self, e: BinaryOp) -> PrimExpr:
