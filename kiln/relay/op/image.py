@@ -1,6 +1,7 @@
-"""Image ops (the `relay.image` namespace): image.resize, which ONNX's Resize (opsets 10-19) and Upsample lower to.
+"""Image ops (the `relay.image` namespace): image.resize, which ONNX's Resize (opsets 10-19) and Upsample lower
+to, and image.grid_sample, ONNX's GridSample.
 
-image.resize is declared in one `register_op` chain (description, argument,
+Each op is declared in one `register_op` chain (description, arguments,
 attrs, relation, pattern, numpy reference, compute) after the functions it
 names; its Python constructor follows, checked against it (`@constructor`).
 
@@ -29,10 +30,21 @@ Choices, and why:
 - No antialias (ONNX opset 18's `antialias=1`): the attrs have no such field.
   ONNX's `keep_aspect_ratio_policy` is the frontend's: it gives both `size` and
   `scales`.
+
+image.grid_sample follows `onnx.reference.ops.op_grid_sample` step by step:
+each output element reads its position from the grid (entry 0 for the last
+spatial axis), denormalizes it in float32, rounds it (nearest, half to even),
+moves a position outside the borders in (border: clamp, reflection: mirror),
+and then reads its taps, each tap index mapped again by the padding mode (zeros
+reads 0 off the input). Weights are separable, as resize's; cubic uses Keys'
+kernel with a = -0.75. The taps of all axes nest in one expression per output
+element, so the gather needs no intermediate buffer; indices are clamped before
+every load, so NaN or huge positions read in bounds.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -46,7 +58,7 @@ from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
-from kiln.relay.op._nn_util import Array, clamp, static_shape, tensor_shape
+from kiln.relay.op._nn_util import Array, clamp, differ, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
 from kiln.tir import expr as tx
@@ -499,4 +511,250 @@ def resize(
     ))
 
 
-__all__ = ["ResizeAttrs", "resize"]
+
+# --- image.grid_sample ----------------------------------------------------------------------------
+
+PADDING_MODES = ("zeros", "border", "reflection")
+
+
+@attrs.frozen
+class GridSampleAttrs(Attrs):
+    """Attributes of image.grid_sample (ONNX GridSample's, opset 20 names)."""
+
+    method: str = attrs.field(default="linear", validator=one_of(*METHODS), metadata={"doc": "interpolation"})
+    padding_mode: str = attrs.field(
+        default="zeros", validator=one_of(*PADDING_MODES), metadata={"doc": "what samples outside the input read"}
+    )
+    align_corners: bool = attrs.field(
+        default=False, validator=bool_value,
+        metadata={"doc": "-1 and 1 are the centres of the corner pixels (else their outer edges)"},
+    )
+
+
+def _grid_sample_rel(arg_types: list[Type], attrs: GridSampleAttrs) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    data, grid = tensors
+    if data.ndim < 3:
+        raise RelationError(f"expected data of rank 3 or more (N, C, spatial...), found {data}", arg=0)
+    nd = data.ndim - 2
+    if not grid.dtype.is_float:
+        raise RelationError(f"expected a float grid, found dtype {grid.dtype}", arg=1)
+    if grid.ndim != data.ndim or differ(grid.shape[-1], nd) or differ(grid.shape[0], data.shape[0]):
+        raise RelationError(f"expected a grid (N, out spatial..., {nd}) of rank {data.ndim} for data {data} "
+                            f"(N = {data.shape[0]}, {_count(nd, 'spatial axis')}), found {grid}", arg=1)
+    if attrs.method != "nearest" and not data.dtype.is_float:
+        raise RelationError(f"method {attrs.method!r} needs float data, found dtype {data.dtype} "
+                            "(method 'nearest' takes any dtype)", arg=0)
+    taps = TAPS[attrs.method] ** nd
+    if taps > MAX_TAPS:
+        raise RelationError(f"method {attrs.method!r} over {_count(nd, 'spatial axis')} reads {taps} input elements "
+                            f"per output element; at most {MAX_TAPS} are supported", arg=0)
+    return TensorType((data.shape[0], data.shape[1], *grid.shape[1:-1]), data.dtype)
+
+
+def _borders(size: int, align_corners: bool) -> tuple[float, float]:
+    """The range of coordinates inside the input along an axis of `size` (what reflection mirrors at)."""
+    return (0.0, size - 1.0) if align_corners else (-0.5, size - 0.5)
+
+
+def _denormalize(g: C, size: int, align_corners: bool) -> C:
+    """A normalized grid coordinate in [-1, 1] as an input coordinate, in the reference's order of operations."""
+    return (g + 1) / 2.0 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2.0
+
+
+# -- the numpy reference: vectorized over the grid, in float64 but for the coordinates (float32, as ONNX) --
+
+
+def _reflect_np(x: Array, lo: float, hi: float) -> Array:
+    """`x` mirrored at `lo` and `hi` until it lies between them (ONNX's `_gs_reflect`)."""
+    span = hi - lo
+    if span == 0:
+        return np.where((x < lo) | (x > hi), lo, x)
+    dx = np.where(x < lo, lo - x, x - hi)
+    flips = np.floor(dx / span)
+    r = dx - flips * span
+    even = flips % 2 == 0
+    mirrored = np.where(x < lo, np.where(even, lo + r, hi - r), np.where(even, hi - r, lo + r))
+    return np.where((x < lo) | (x > hi), mirrored, x)
+
+
+def _gs_taps_np(g: Array, size: int, attrs: GridSampleAttrs) -> list[tuple[Array, Array, Array]]:
+    """The taps along one axis for normalized coordinates `g`: (index, weight, inside) arrays shaped like g."""
+    lo, hi = _borders(size, attrs.align_corners)
+    x = _denormalize(g, size, attrs.align_corners).astype(np.float32)
+    if attrs.method == "nearest":
+        x = np.rint(x)
+    out = (x < lo) | (x > hi)
+    if attrs.padding_mode == "border":
+        x = np.where(out, np.clip(x, 0, size - 1), x)
+    elif attrs.padding_mode == "reflection":
+        x = _reflect_np(x.astype(np.float64), lo, hi).astype(np.float32)
+    if attrs.method == "nearest":
+        pixels, weights = [np.trunc(x)], [np.ones(x.shape)]
+    else:
+        base = np.floor(x)
+        r = (x - base).astype(np.float64)
+        weights = _linear_weights(r) if attrs.method == "linear" else _cubic_weights(r, -0.75)
+        pixels = [base + FIRST_TAP[attrs.method] + t for t in range(len(weights))]
+    taps = []
+    for i, w in zip(pixels, weights, strict=True):
+        inside = (i >= 0) & (i <= size - 1)
+        if attrs.padding_mode == "reflection":
+            i = _reflect_np(i.astype(np.float64), lo, hi)
+        index = np.clip(np.nan_to_num(i), 0, size - 1).astype(np.int64)
+        taps.append((index, w, inside if attrs.padding_mode == "zeros" else np.ones(x.shape, bool)))
+    return taps
+
+
+def _grid_sample_ref(attrs: GridSampleAttrs, data: Array, grid: Array) -> Array:
+    nd = data.ndim - 2
+    per_axis = [_gs_taps_np(grid[..., nd - 1 - a], data.shape[2 + a], attrs) for a in range(nd)]
+    batch = np.arange(data.shape[0]).reshape((-1,) + (1,) * nd)
+    gather = attrs.method == "nearest"
+    out: Array | None = None
+    for combo in itertools.product(*per_axis):
+        index: tuple[Any, ...] = (batch, slice(None), *(i for i, _, _ in combo))
+        picked = data[index]  # (N, out spatial..., C)
+        inside = np.logical_and.reduce([m for _, _, m in combo])[..., None]
+        if gather:
+            term = np.where(inside, picked, np.zeros((), data.dtype))
+        else:
+            weight = np.prod([w for _, w, _ in combo], axis=0)[..., None]
+            term = np.where(inside, picked.astype(np.float64) * weight, 0.0)
+        out = term if out is None else out + term
+    assert out is not None  # every axis has a tap
+    return np.moveaxis(out, -1, 1).astype(data.dtype)
+
+
+# -- the compute: one expression per output element, its grid coordinates read and mapped per axis --
+
+
+def _reflect_te(x: PrimExpr, lo: float, hi: float) -> PrimExpr:
+    """`_reflect_np` of a float64 expression."""
+    span = hi - lo
+    below, above = x < lo, x > hi
+    if span == 0:
+        return te.if_then_else(tx.any_of(below, above), te.const(lo, "float64"), x)
+    dx = te.if_then_else(below, lo - x, x - hi)
+    flips = te.floor(dx / span)
+    r = dx - flips * span
+    even = tx.eq(flips - te.floor(flips * 0.5) * 2.0, 0.0)
+    mirrored = te.if_then_else(below, te.if_then_else(even, lo + r, hi - r), te.if_then_else(even, hi - r, lo + r))
+    return te.if_then_else(tx.any_of(below, above), mirrored, x)
+
+
+def _pixel_index(i: PrimExpr, size: int) -> PrimExpr:
+    """An integral float pixel position as an int32 index, clamped into [0, size) (NaN reads pixel 0)."""
+    inside = te.if_then_else(i <= float(size - 1), i, te.const(float(size - 1), i.dtype))
+    return te.cast(te.if_then_else(i >= 0.0, inside, te.const(0.0, i.dtype)), "int32")
+
+
+def _gs_taps_te(g: PrimExpr, size: int, attrs: GridSampleAttrs,
+                acc: str | None) -> list[tuple[PrimExpr, PrimExpr | None, PrimExpr | None]]:
+    """As `_gs_taps_np`, for one output element's normalized coordinate `g`: (index, weight, inside) per tap;
+    no weight for nearest, no inside test but for zeros padding."""
+    lo, hi = _borders(size, attrs.align_corners)
+    wide = "float64" if g.dtype == "float64" else "float32"
+    x = te.cast(_denormalize(te.cast(g, wide), size, attrs.align_corners), "float32")
+    if attrs.method == "nearest":
+        x = te.round(x)
+    out = tx.any_of(x < lo, x > hi)
+    if attrs.padding_mode == "border":
+        x = te.if_then_else(out, tx.max_(tx.min_(x, float(size - 1)), 0.0), x)
+    elif attrs.padding_mode == "reflection":
+        x = te.cast(_reflect_te(te.cast(x, "float64"), lo, hi), "float32")
+    weights: list[PrimExpr | None]
+    if attrs.method == "nearest":
+        pixels: list[PrimExpr] = [te.if_then_else(x >= 0.0, te.floor(x), te.ceil(x))]
+        weights = [None]
+    else:
+        assert acc is not None
+        base = te.floor(x)
+        r = te.cast(x - base, acc)
+        weights = list(_linear_weights(r) if attrs.method == "linear" else _cubic_weights(r, -0.75))
+        pixels = [base + float(FIRST_TAP[attrs.method] + t) for t in range(len(weights))]
+    taps: list[tuple[PrimExpr, PrimExpr | None, PrimExpr | None]] = []
+    for i, w in zip(pixels, weights, strict=True):
+        inside = tx.all_of(i >= 0.0, i <= float(size - 1)) if attrs.padding_mode == "zeros" else None
+        if attrs.padding_mode == "reflection":
+            i = _reflect_te(te.cast(i, "float64"), lo, hi)
+        taps.append((_pixel_index(i, size), w, inside))
+    return taps
+
+
+def _grid_sample_compute(attrs: GridSampleAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """Each output element: the weighted sum over its taps, nested axis by axis (as `_resize_compute`)."""
+    data, grid = inputs
+    sizes = tensor_shape(data)[2:]
+    nd, dtype = len(sizes), data.dtype
+    acc = None if attrs.method == "nearest" else _acc_dtype(dtype)
+    kind = DataType.of(acc or dtype)
+    zero = te.const(False if kind.is_bool else 0.0 if kind.is_float else 0, acc or dtype)
+
+    def element(n: PrimExpr, c: PrimExpr, *o: PrimExpr) -> PrimExpr:
+        per_axis = [_gs_taps_te(grid[tuple([n, *o, tx.const(nd - 1 - a)])], sizes[a], attrs, acc) for a in range(nd)]
+        index: list[PrimExpr] = [n, c, *([te.const(0)] * nd)]  # the spatial entries set per tap
+        inside: list[PrimExpr] = []
+
+        def interpolate(k: int) -> PrimExpr:
+            """The sum over the taps of axes k-1, ..., 0, the later axes' indices set in `index`."""
+            if k == 0:
+                value: PrimExpr = data[tuple(index)]
+                if acc is not None:
+                    value = te.cast(value, acc)
+                return te.if_then_else(tx.all_of(*inside), value, zero) if inside else value
+            total: PrimExpr | None = None
+            for src, w, ok in per_axis[k - 1]:
+                index[2 + k - 1] = src
+                if ok is not None:
+                    inside.append(ok)
+                inner = interpolate(k - 1)
+                if ok is not None:
+                    inside.pop()
+                term = inner if w is None else w * inner
+                total = term if total is None else total + term
+            assert total is not None  # every axis has a tap
+            return total
+
+        value = interpolate(nd)
+        return value if acc is None else te.cast(value, dtype)
+
+    return [te.compute(static_shape(out_type), element, name="grid_sample")]
+
+
+(register_op("image.grid_sample")
+    .describe("samples the input at the normalized positions of a grid, as ONNX GridSample")
+    .add_argument("data", "Tensor", "the input, (N, C, spatial...)")
+    .add_argument("grid", "Tensor", "the positions, (N, out spatial..., rank of spatial), x (the last axis) first")
+    .set_attrs_type(GridSampleAttrs)
+    .add_type_rel("GridSample", _grid_sample_rel)
+    .set_support_level(5)
+    .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, _grid_sample_ref)
+    .set_attr(attr.FCompute, _grid_sample_compute))
+
+
+@constructor("image.grid_sample")
+def grid_sample(
+    data: Expr, grid: Expr, method: str = "linear", padding_mode: str = "zeros", align_corners: bool = False,
+) -> Call:
+    """Samples `data` at the positions of `grid`, as ONNX GridSample (opset 20).
+
+    Args:
+        data: the input, (N, C, d1, ..., dr); any dtype for nearest, a float one for linear and cubic.
+        grid: float positions, (N, D1, ..., Dr, r), normalized to [-1, 1]; entry 0 indexes dr (x), entry
+            r - 1 indexes d1.
+        method: "nearest" (ties to even), "linear" or "cubic" (Keys' kernel with a = -0.75).
+        padding_mode: "zeros", "border" (clamp to the edge) or "reflection" (mirror at the borders).
+        align_corners: -1 and 1 are the centres of the corner pixels, not their outer edges.
+
+    Returns:
+        The call of image.grid_sample: (N, C, D1, ..., Dr).
+    """
+    return call("image.grid_sample", [data, grid], GridSampleAttrs.make(
+        "image.grid_sample", method=method, padding_mode=padding_mode, align_corners=align_corners))
+
+
+__all__ = ["GridSampleAttrs", "ResizeAttrs", "grid_sample", "resize"]

@@ -1,16 +1,25 @@
-"""Indexing ops: split, strided_slice, take — the ops that select elements of one tensor.
+"""Indexing ops: split, strided_slice, take, gather_elements, gather_nd, scatter_elements and scatter_nd
+— the ops that select elements of one tensor, or write some into it (topk, which orders them, is in
+`algorithm.py`).
 
 Each op is declared in one `register_op` chain (description, arguments, attrs,
 relation, support level, pattern, numpy reference, compute) after the functions
 it names; its Python constructor follows, checked against it (`@constructor`).
-The shape helpers at the top are shared with `shape.py`, which re-exports
-this module's public names (`relay.split`, `relay.take`, ... have always been
+The shape helpers at the top are shared with `shape.py` (and `algorithm.py`); `shape.py`
+re-exports this module's public names (`relay.split`, `relay.take`, ... have always been
 imported from there).
+
+Indices that come from data are made safe before they address memory: negative
+ones count from the end (ONNX's rule) and all are clamped into the axis, so a
+bad index reads a wrong element, never memory outside the tensor. A scatter's
+output element gathers the updates that land on it (a reduction over the update
+positions that can reach it), so that all of them are plain te computes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -389,3 +398,343 @@ def take(data: Expr, indices: Expr, axis: int | None = None, mode: str = "clip")
     return call("take", [data, indices], TakeAttrs.make("take", axis=axis, mode=mode))
 
 
+# --- gather_elements, gather_nd ---------------------------------------------------------------
+
+
+def _index_tensor(t: TensorType, arg: int, what: str = "indices") -> None:
+    if not t.dtype.is_int:
+        raise RelationError(f"expected integer {what}, found dtype {t.dtype}", arg=arg)
+
+
+def _in_range(index: tx.PrimExpr, size: int) -> tx.PrimExpr:
+    """A data-dependent `index` into an axis of `size` as int32, negative ones counted from the end (ONNX's
+    rule); clamped, so that an index out of range reads a wrong element instead of memory outside the tensor."""
+    return _safe_index(index, size, "fast")
+
+
+def _no_axis_to_index(data: TensorType, axes: Sequence[int], indices: Shape, arg: int) -> None:
+    """RelationError when `indices` name elements (the shape has no 0) along an axis of `data` of size 0:
+    no index is in range there, and a read would fall outside the tensor."""
+    empty = [a for a in axes if data.shape[a] == 0]
+    if empty and 0 not in indices:
+        raise RelationError(f"data of shape {shape_str(data.shape)} has no elements along axis {empty[0]} for the "
+                            f"indices of shape {shape_str(indices)} to pick", arg=arg)
+
+
+def _normalized(index: Array, size: int, what: str = "index") -> Array:
+    """numpy: `index` with negative entries counted from the end; ValueError for one out of [-size, size)."""
+    index = np.asarray(index, dtype=np.int64)
+    if index.size and (index.min() < -size or index.max() >= size):
+        raise ValueError(f"{what} out of range [{-size}, {size})")
+    return np.where(index < 0, index + size, index)
+
+
+def _axis_indices_fit(data: TensorType, indices: TensorType, axis: int) -> None:
+    """RelationError unless `indices` (of gather_elements, scatter_elements) have data's rank and fit in it
+    off `axis`."""
+    if indices.ndim != data.ndim:
+        raise RelationError(f"indices have rank {indices.ndim} but data has rank {data.ndim}; they must agree", arg=1)
+    axis = normalize_axis(axis, data.ndim)
+    for k, (a, b) in enumerate(zip(indices.shape, data.shape, strict=True)):
+        if k != axis and isinstance(a, int) and isinstance(b, int) and a > b:
+            raise RelationError(f"indices of shape {shape_str(indices.shape)} do not fit data of shape "
+                                f"{shape_str(data.shape)}: dim {k} is larger", arg=1)
+    _no_axis_to_index(data, [axis], indices.shape, 1)
+
+
+@attrs.frozen
+class AxisIndexAttrs(Attrs):
+    """The axis that gather_elements reads along or scatter_elements writes along, and how scatters combine."""
+
+    axis: int = attrs.field(default=0, validator=int_range(), metadata={"doc": "the indexed axis"})
+    reduction: str = attrs.field(
+        default="none", validator=one_of("none", "add", "mul", "max", "min"),
+        metadata={"doc": "scatters: how an update combines with the element it lands on (none: replaces it)"},
+    )
+
+
+def _gather_elements_rel(arg_types: list[Type], attrs: AxisIndexAttrs) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    data, indices = tensors
+    _index_tensor(indices, 1)
+    _axis_indices_fit(data, indices, attrs.axis)
+    return TensorType(indices.shape, data.dtype)
+
+
+def _gather_elements_ref(attrs: AxisIndexAttrs, x: Array, indices: Array) -> Array:
+    axis = normalize_axis(attrs.axis, x.ndim)
+    index = _normalized(indices, x.shape[axis])
+    window = tuple(slice(None) if k == axis else slice(0, d) for k, d in enumerate(index.shape))
+    return np.asarray(np.take_along_axis(x[window], index, axis=axis))
+
+
+def _gather_elements_compute(attrs: AxisIndexAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    data, indices = inputs
+    axis, dims = normalize_axis(attrs.axis, data.ndim), static_shape(data)
+
+    def element(*i: tx.PrimExpr) -> tx.PrimExpr:
+        index = (*i[:axis], _in_range(indices[i], dims[axis]), *i[axis + 1 :])
+        return data[index]
+
+    return [te.compute(static_shape(out_type), element, name="gather_elements")]
+
+
+(register_op("gather_elements").describe("data[..., indices[i], ...] along an axis, element by element")
+    .add_argument(*DATA_ARG)
+    .add_argument("indices", "Tensor", "integer indices of data's rank (negative count from the end)")
+    .set_attrs_type(AxisIndexAttrs)
+    .add_type_rel("GatherElements", _gather_elements_rel)
+    .set_support_level(3)
+    .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, _gather_elements_ref)
+    .set_attr(attr.FCompute, _gather_elements_compute))
+
+
+@constructor("gather_elements")
+def gather_elements(data: Expr, indices: Expr, axis: int = 0) -> Call:
+    """ONNX GatherElements: `out[i] = data[i with i[axis] replaced by indices[i]]`."""
+    return call("gather_elements", [data, indices], AxisIndexAttrs.make("gather_elements", axis=axis))
+
+
+@attrs.frozen
+class GatherNDAttrs(Attrs):
+    """How many leading dims gather_nd treats as batch dims."""
+
+    batch_dims: int = attrs.field(default=0, validator=int_range(0), metadata={"doc": "the leading batch dims"})
+
+
+def _nd_depth(indices: TensorType, most: int, what: str) -> int:
+    """The static last dim of `indices` of gather_nd/scatter_nd: how many dims of data one index tuple names."""
+    if indices.ndim < 1:
+        raise RelationError("indices must have rank 1 or more", arg=1)
+    depth = indices.shape[-1]
+    if not isinstance(depth, int):
+        raise RelationError(f"the last dim of indices (shape {shape_str(indices.shape)}) must be static", arg=1)
+    if not 1 <= depth <= most:
+        raise RelationError(
+            f"the last dim of indices (shape {shape_str(indices.shape)}) is {depth}; {what} allows 1 to {most}", arg=1)
+    return depth
+
+
+def _and_then(index: Sequence[tx.PrimExpr], j: int) -> tuple[tx.PrimExpr, ...]:
+    """`index` followed by the constant `j`: entry j of an index tuple along the last dim of indices."""
+    return (*index, tx.const(j))
+
+
+def _gather_nd_rel(arg_types: list[Type], attrs: GatherNDAttrs) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    data, indices = tensors
+    _index_tensor(indices, 1)
+    b = attrs.batch_dims
+    if b >= min(data.ndim, indices.ndim):
+        raise RelationError(f"batch_dims {b} must be less than the ranks of data ({data.ndim}) and indices "
+                            f"({indices.ndim})", arg=1)
+    pairs = zip(data.shape[:b], indices.shape[:b], strict=True)
+    if any(isinstance(x, int) and isinstance(y, int) and x != y for x, y in pairs):
+        raise RelationError(f"the {b} batch dims of data {shape_str(data.shape)} and indices "
+                            f"{shape_str(indices.shape)} differ", arg=1)
+    depth = _nd_depth(indices, data.ndim - b, f"data of rank {data.ndim} with batch_dims {b}")
+    _no_axis_to_index(data, range(b, b + depth), indices.shape[:-1], 1)
+    return TensorType((*indices.shape[:-1], *data.shape[b + depth :]), data.dtype)
+
+
+def _gather_nd_ref(attrs: GatherNDAttrs, x: Array, indices: Array) -> Array:
+    b, depth = attrs.batch_dims, indices.shape[-1]
+    batch = int(np.prod(x.shape[:b], dtype=np.int64))
+    xs, idx = x.reshape((batch, *x.shape[b:])), indices.reshape((batch, -1, depth))
+    cols = [_normalized(idx[..., j], x.shape[b + j]) for j in range(depth)]
+    where = (np.arange(batch)[:, None], *cols)
+    out = xs[where]
+    return np.asarray(out.reshape((*indices.shape[:-1], *x.shape[b + depth :])))
+
+
+def _gather_nd_compute(attrs: GatherNDAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    data, indices = inputs
+    dims, b, lead = static_shape(data), attrs.batch_dims, indices.ndim - 1
+    depth = static_shape(indices)[-1]
+
+    def element(*i: tx.PrimExpr) -> tx.PrimExpr:
+        picked = [_in_range(indices[_and_then(i[:lead], j)], dims[b + j]) for j in range(depth)]
+        index = (*i[:b], *picked, *i[lead:])
+        return data[index]
+
+    return [te.compute(static_shape(out_type), element, name="gather_nd")]
+
+
+(register_op("gather_nd").describe("slices of data at index tuples (ONNX GatherND, with batch dims)")
+    .add_argument(*DATA_ARG)
+    .add_argument("indices", "Tensor", "integer index tuples along the last dim (negative count from the end)")
+    .set_attrs_type(GatherNDAttrs)
+    .add_type_rel("GatherND", _gather_nd_rel)
+    .set_support_level(3)
+    .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
+    .set_attr(attr.FReference, _gather_nd_ref)
+    .set_attr(attr.FCompute, _gather_nd_compute))
+
+
+@constructor("gather_nd")
+def gather_nd(data: Expr, indices: Expr, batch_dims: int = 0) -> Call:
+    """ONNX GatherND: the slices of `data` that the tuples along the last dim of `indices` name."""
+    return call("gather_nd", [data, indices], GatherNDAttrs.make("gather_nd", batch_dims=batch_dims))
+
+
+# --- scatter_elements, scatter_nd -------------------------------------------------------------
+
+_NP_COMBINE: dict[str, Any] = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter_rel(arg_types: list[Type], attrs: Any) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    data, indices, updates = tensors
+    _index_tensor(indices, 1)
+    if updates.dtype != data.dtype:
+        raise RelationError(f"updates have dtype {updates.dtype} but data has {data.dtype}; they must agree", arg=2)
+    if isinstance(attrs, AxisIndexAttrs):  # scatter_elements: indices and updates of one shape, data's rank
+        expected: Shape = indices.shape
+        _axis_indices_fit(data, indices, attrs.axis)
+    else:
+        depth = _nd_depth(indices, data.ndim, f"data of rank {data.ndim}")
+        expected = (*indices.shape[:-1], *data.shape[depth:])
+        _no_axis_to_index(data, range(depth), indices.shape[:-1], 1)
+    if len(expected) != updates.ndim or any(
+        isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(expected, updates.shape, strict=False)
+    ):
+        raise RelationError(f"updates have shape {shape_str(updates.shape)}; expected {shape_str(expected)}", arg=2)
+    return data
+
+
+def _scatter_ref(attrs: Any, x: Array, indices: Array, updates: Array) -> Array:
+    out = x.copy()
+    if isinstance(attrs, AxisIndexAttrs):
+        axis = normalize_axis(attrs.axis, x.ndim)
+        where: list[Array] = list(np.indices(indices.shape, sparse=False))
+        where[axis] = _normalized(indices, x.shape[axis])
+        targets = [tuple(int(w[u]) for w in where) for u in np.ndindex(indices.shape)]
+        values = [updates[u] for u in np.ndindex(indices.shape)]
+    else:
+        depth, lead = indices.shape[-1], indices.shape[:-1]
+        cols = [_normalized(indices[..., j], x.shape[j]) for j in range(depth)]
+        targets = [tuple(int(c[u]) for c in cols) for u in np.ndindex(lead)]
+        values = [updates[u] for u in np.ndindex(lead)]
+    combine = _NP_COMBINE.get(attrs.reduction)
+    for target, value in zip(targets, values, strict=True):  # in order: with duplicates, the last write wins
+        out[target] = value if combine is None else combine(out[target], value)
+    return np.asarray(out)
+
+
+def _scatter_compute(attrs: Any, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """Each output element gathers the updates that land on it: a reduction over the update positions
+    that can reach it (the indexed axis for scatter_elements, the index tuples for scatter_nd)."""
+    data, indices, updates = inputs
+    dims, upd = static_shape(data), static_shape(updates)
+    nd = not isinstance(attrs, AxisIndexAttrs)
+    if nd:
+        depth = static_shape(indices)[-1]
+        lead = static_shape(indices)[:-1]
+        count = int(np.prod(lead, dtype=np.int64))
+    else:
+        axis = normalize_axis(attrs.axis, data.ndim)
+        count = upd[axis]
+    if count == 0:
+        return [te.compute(dims, lambda *i: data[i], name="scatter")]
+    k = te.reduce_axis((0, count), name="k")
+
+    def source(i: Sequence[tx.PrimExpr], k: tx.PrimExpr) -> tuple[tuple[tx.PrimExpr, ...], tx.PrimExpr]:
+        """The index of update `k` that could land on output element `i`, and whether it does."""
+        if nd:
+            u = unravel(k, lead)
+            hits = [tx.eq(_in_range(indices[_and_then(u, j)], dims[j]), i[j]) for j in range(depth)]
+            return (*u, *i[depth:]), tx.all_of(*hits)
+        # updates may be smaller than data off the axis: the elements past them take no update
+        inside = [i[d] < upd[d] for d in range(data.ndim) if d != axis and upd[d] < dims[d]]
+        at = tuple(k if d == axis else (clamp(i[d], 0, upd[d] - 1) if upd[d] < dims[d] else i[d])
+                   for d in range(data.ndim))
+        return at, tx.all_of(*inside, tx.eq(_in_range(indices[at], dims[axis]), i[axis]))
+
+    if attrs.reduction == "none":
+        def last(*i: tx.PrimExpr) -> tx.PrimExpr:
+            _, hit = source(i, k.var)
+            return te.max(tx.select(hit, k.var, -1), axis=k)
+
+        winner = te.compute(dims, last, name="scatter_winner")
+
+        def replace(*i: tx.PrimExpr) -> tx.PrimExpr:
+            at, _ = source(i, clamp(winner[i], 0, count - 1))
+            return tx.select(winner[i] >= 0, updates[at], data[i])
+
+        return [te.compute(dims, replace, name="scatter")]
+    reducer = {"add": te.sum, "mul": te.prod, "max": te.max, "min": te.min}[attrs.reduction]
+    combines: dict[str, Callable[[tx.PrimExpr, tx.PrimExpr], tx.PrimExpr]] = {
+        "add": operator.add, "mul": operator.mul, "max": tx.max_, "min": tx.min_}
+    combine = combines[attrs.reduction]
+
+    def gathered(*i: tx.PrimExpr) -> tx.PrimExpr:
+        at, hit = source(i, k.var)
+        return reducer(updates[at], axis=k, where=hit)
+
+    acc = te.compute(dims, gathered, name="scatter_updates")
+    return [te.compute(dims, lambda *i: combine(data[i], acc[i]), name="scatter")]
+
+
+(register_op("scatter_elements").describe("data with updates written (or combined) at indices along an axis")
+    .add_argument(*DATA_ARG)
+    .add_argument("indices", "Tensor", "integer indices along the axis, of updates' shape")
+    .add_argument("updates", "Tensor", "the values to write")
+    .set_attrs_type(AxisIndexAttrs)
+    .add_type_rel("ScatterElements", _scatter_rel)
+    .set_support_level(3)
+    .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+    .set_attr(attr.FReference, _scatter_ref)
+    .set_attr(attr.FCompute, _scatter_compute))
+
+
+@constructor("scatter_elements")
+def scatter_elements(data: Expr, indices: Expr, updates: Expr, axis: int = 0, reduction: str = "none") -> Call:
+    """ONNX ScatterElements: `data` with `updates[i]` written at `i` with `i[axis]` replaced by `indices[i]`.
+
+    Args:
+        data: the tensor written into.
+        indices: integer indices along `axis` (negative count from the end), of `updates`' shape.
+        updates: the values.
+        axis: the indexed axis.
+        reduction: none (an update replaces the element; of duplicates the last wins), add, mul, max or min.
+
+    Returns:
+        The call of `scatter_elements`.
+    """
+    scatter = AxisIndexAttrs.make("scatter_elements", axis=axis, reduction=reduction)
+    return call("scatter_elements", [data, indices, updates], scatter)
+
+
+@attrs.frozen
+class ScatterNDAttrs(Attrs):
+    """How scatter_nd combines an update with the element it lands on."""
+
+    reduction: str = attrs.field(
+        default="none", validator=one_of("none", "add", "mul", "max", "min"),
+        metadata={"doc": "none (an update replaces the element), add, mul, max or min"},
+    )
+
+
+(register_op("scatter_nd").describe("data with slices of updates written (or combined) at index tuples")
+    .add_argument(*DATA_ARG)
+    .add_argument("indices", "Tensor", "integer index tuples along the last dim")
+    .add_argument("updates", "Tensor", "the slices: indices.shape[:-1] + data.shape[depth:]")
+    .set_attrs_type(ScatterNDAttrs)
+    .add_type_rel("ScatterND", _scatter_rel)
+    .set_support_level(3)
+    .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+    .set_attr(attr.FReference, _scatter_ref)
+    .set_attr(attr.FCompute, _scatter_compute))
+
+
+@constructor("scatter_nd")
+def scatter_nd(data: Expr, indices: Expr, updates: Expr, reduction: str = "none") -> Call:
+    """ONNX ScatterND: `data` with the slices of `updates` written at the index tuples along indices' last dim."""
+    return call("scatter_nd", [data, indices, updates], ScatterNDAttrs.make("scatter_nd", reduction=reduction))

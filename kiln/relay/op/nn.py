@@ -67,9 +67,10 @@ from kiln.relay.op.norm import batch_norm, layer_norm
 from kiln.relay.op.pool import AvgPool2DAttrs as AvgPool2DAttrs
 from kiln.relay.op.pool import GlobalPool2DAttrs as GlobalPool2DAttrs
 from kiln.relay.op.pool import MaxPool2DAttrs as MaxPool2DAttrs
-from kiln.relay.op.pool import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d
+from kiln.relay.op.pool import avg_pool2d, global_avg_pool2d, global_max_pool2d, max_pool2d, max_pool2d_argmax
 from kiln.relay.op.shape import batch_flatten  # relay.nn.batch_flatten, as in TVM
 from kiln.relay.op.tensor import _numeric
+from kiln.relay.op.vision import roi_align
 from kiln.runtime.module import STACK_LIMIT
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
@@ -673,5 +674,5 @@ def pad(data: Expr, pad_width: Any, pad_value: Expr | float = 0.0, pad_mode: str
 __all__ = [  # the constructors: relay.nn.<name>
     "avg_pool2d", "batch_flatten", "batch_matmul", "batch_norm", "bias_add", "conv2d", "conv2d_transpose",
     "dense", "dropout", "gelu", "global_avg_pool2d", "global_max_pool2d", "layer_norm", "leaky_relu",
-    "log_softmax", "matmul", "max_pool2d", "pad", "prelu", "relu", "softmax",
+    "log_softmax", "matmul", "max_pool2d", "max_pool2d_argmax", "pad", "prelu", "relu", "roi_align", "softmax",
 ]

@@ -1,4 +1,5 @@
-"""Pooling ops of the `relay.nn` namespace: nn.max_pool2d, nn.avg_pool2d and the global pools.
+"""Pooling ops of the `relay.nn` namespace: nn.max_pool2d, nn.avg_pool2d, the global pools, and
+nn.max_pool2d_argmax (ONNX MaxPool's Indices) and nn.roi_align (ONNX RoiAlign).
 
 Each op is declared in one `register_op` chain (description, arguments, attrs,
 relation, pattern, numpy reference, compute, CPU schedule) after the functions
@@ -27,7 +28,7 @@ from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import accumulator, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
-from kiln.relay.op._rel import tensor_args
+from kiln.relay.op._rel import RelationError, tensor_args
 from kiln.relay.op._schedule import KEEP, op_attr, schedule_injective_stage, static_size, worth_parallel
 from kiln.relay.op.conv import (
     DATA_AXES,
@@ -411,6 +412,131 @@ def max_pool2d(
     return call("nn.max_pool2d", [data], MaxPool2DAttrs.make(
         "nn.max_pool2d", pool_size=pool_size, strides=strides, dilation=dilation, padding=padding,
         layout=layout, ceil_mode=ceil_mode,
+    ))
+
+
+# --- nn.max_pool2d_argmax -------------------------------------------------------------------------
+
+
+@attrs.frozen
+class MaxPool2DArgmaxAttrs(Pool2DAttrs):
+    """Attributes of nn.max_pool2d_argmax (NCHW only: the indices count NCHW positions)."""
+
+    storage_order: bool = attrs.field(
+        default=False, validator=bool_value,
+        metadata={"doc": "count the positions of each plane column by column (else row by row)"},
+    )
+
+
+def _argmax_rel(arg_types: list[Type], attrs: MaxPool2DArgmaxAttrs) -> Type | None:
+    if attrs.layout != "NCHW":
+        raise RelationError(f"layout {attrs.layout!r} is not supported: the indices count NCHW positions", arg=0)
+    out = _pool2d_rel(arg_types, attrs)
+    return None if not isinstance(out, TensorType) else TensorType(out.shape, "int64")
+
+
+def _flat_position(attrs: MaxPool2DArgmaxAttrs, nc: Any, h: Any, w: Any, hw: tuple[int, int]) -> Any:
+    """The index ONNX gives input element (h, w) of plane `nc` (= n * C + c)."""
+    height, width = hw
+    inside = h + w * height if attrs.storage_order else h * width + w
+    return nc * (height * width) + inside
+
+
+def _max_pool2d_argmax_ref(attrs: MaxPool2DArgmaxAttrs, data: Array) -> Array:
+    n, c, h, w = data.shape
+    lowest = -np.inf if np.issubdtype(data.dtype, np.floating) else np.iinfo(data.dtype).min
+    # each element's (h, w) rides along as two more "channels" of the windows; padding reads -1
+    rows = np.broadcast_to(np.arange(h)[:, None], (h, w))
+    cols = np.broadcast_to(np.arange(w)[None, :], (h, w))
+    values, _ = _pool_windows(data.astype(np.float64), attrs, lowest, lowest)
+    at_rows, shape = _pool_windows(np.broadcast_to(rows, (1, 1, h, w)).astype(np.int64), attrs, -1, -1)
+    at_cols, _ = _pool_windows(np.broadcast_to(cols, (1, 1, h, w)).astype(np.int64), attrs, -1, -1)
+    best = np.zeros((n, c, *shape))
+    found = np.zeros((n, c, *shape), np.int64)
+    seen = np.zeros((1, 1, *shape), bool)
+    for (_, _, v), (_, _, y), (_, _, x) in zip(values, at_rows, at_cols, strict=True):
+        # the first tap in scan order holding the window's maximum (a later equal value does not win),
+        # or its first NaN
+        inside = (y >= 0) & (x >= 0)
+        better = inside & (~seen | (v > best) | (np.isnan(v) & ~np.isnan(best)))
+        found = np.where(better, _flat_position(attrs, 0, y, x, (h, w)), found)
+        best = np.where(better, v, best)
+        seen = seen | inside
+    planes = np.arange(n * c, dtype=np.int64).reshape(n, c, 1, 1) * (h * w)
+    indices: Array = found + planes
+    return indices
+
+
+def _max_pool2d_argmax_compute(attrs: MaxPool2DArgmaxAttrs, inputs: list[te.Tensor],
+                               out_type: Type) -> list[te.Tensor]:
+    """The window maxima (a reduction), then the first tap in scan order that holds its window's maximum,
+    as a chain of selects over the taps (last tap innermost), or the first NaN."""
+    (data,) = inputs
+    win = _Window(attrs, data, out_type)
+    lowest = _lowest(data.dtype)
+    best = win.compute(lambda n, c, y, x: te.max(win.read(n, c, y, x, lowest), axis=[win.ry, win.rx]),
+                       "max_pool2d_argmax_best")
+    _, channels, height, width = tensor_shape(data)
+    (kh, kw) = attrs.pool_size
+    floating = np.issubdtype(np.dtype(data.dtype), np.floating)
+
+    def body(n: PrimExpr, c: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
+        plane = te.cast(n * channels + c, "int64")
+        found: PrimExpr = te.const(-1, "int64")
+        for ry in reversed(range(kh)):
+            for rx in reversed(range(kw)):
+                h, w = win.row(y, tx.const(ry)), win.col(x, tx.const(rx))
+                v = win.tap(n, c, y, x, ry, rx, lowest)
+                hit = tx.eq(v, best[n, c, y, x])
+                if floating:
+                    hit = tx.any_of(hit, tx.ne(v, v))
+                inside = tx.all_of(h >= 0, h < height, w >= 0, w < width, hit)
+                at = _flat_position(attrs, plane, te.cast(h, "int64"), te.cast(w, "int64"), (height, width))
+                found = te.if_then_else(inside, at, found)
+        return found
+
+    return [win.compute(body, "max_pool2d_argmax")]
+
+
+(register_op("nn.max_pool2d_argmax").describe("the index of the maximum of each 2-D window, as ONNX MaxPool's")
+    .add_argument("data", "Tensor", "the input, NCHW")
+    .set_attrs_type(MaxPool2DArgmaxAttrs)
+    .add_type_rel("MaxPool2dArgmax", _argmax_rel)
+    .set_support_level(2)
+    .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+    .set_attr(attr.FReference, _max_pool2d_argmax_ref)
+    .set_attr(attr.FCompute, _max_pool2d_argmax_compute))
+
+
+@constructor("nn.max_pool2d_argmax")
+def max_pool2d_argmax(
+    data: Expr,
+    pool_size: Any = (1, 1),
+    strides: Any = (1, 1),
+    dilation: Any = (1, 1),
+    padding: Any = (0, 0),
+    ceil_mode: bool = False,
+    storage_order: bool = False,
+) -> Call:
+    """Where nn.max_pool2d finds each maximum: ONNX MaxPool's Indices output.
+
+    Args:
+        data: the input, (N, C, H, W).
+        pool_size: the window, an int or (h, w).
+        strides: step of the window, an int or (h, w).
+        dilation: spacing of the window taps, an int or (h, w).
+        padding: an int, (h, w) or (top, left, bottom, right); padded taps are never picked.
+        ceil_mode: round the output size up.
+        storage_order: number each plane's elements column by column (h + w * H) rather than row by
+            row (h * W + w).
+
+    Returns:
+        The call of nn.max_pool2d_argmax: int64 (N, C, OH, OW), each the index of its window's first
+        maximum in the flattened input, counting the planes before it (``(n * C + c) * H * W + ...``).
+    """
+    return call("nn.max_pool2d_argmax", [data], MaxPool2DArgmaxAttrs.make(
+        "nn.max_pool2d_argmax", pool_size=pool_size, strides=strides, dilation=dilation, padding=padding,
+        ceil_mode=ceil_mode, storage_order=storage_order,
     ))
 
 

@@ -1,4 +1,4 @@
-"""Reductions: sum, mean, max, min, prod; argmax, argmin.
+"""Reductions: sum, mean, max, min, prod; argmax, argmin; the scans cumsum and cumprod.
 
 Every reduction takes `axis` (None for all axes, or a tuple of axes; negative
 axes count from the end), `keepdims` (keep each reduced axis as a dim of 1) and
@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 
 from kiln import te
-from kiln.ir.attrs import Attrs, FieldError, bool_value, int_tuple, optional, to_opt_int_tuple
+from kiln.ir.attrs import Attrs, FieldError, bool_value, int_range, int_tuple, optional, to_opt_int_tuple
 from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import Op, OpPattern, attr, register_op
@@ -27,7 +27,7 @@ from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import accumulator
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
-from kiln.relay.op._schedule import schedule_reduce
+from kiln.relay.op._schedule import KEEP, schedule_injective_stage, schedule_reduce
 from kiln.relay.op.cuda_reduce import ROW_REDUCE, schedule_rows_cuda
 from kiln.target import Target
 from kiln.te.ops import Reducer
@@ -476,3 +476,256 @@ def argmin(
         The call of `argmin`.
     """
     return call("argmin", [data], _arg_attrs("argmin", axis, keepdims, exclude, select_last_index))
+
+
+# --- cumsum, cumprod -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ScanAttrs(Attrs):
+    """Attributes of cumsum and cumprod."""
+
+    axis: int = attrs.field(default=0, validator=int_range(), metadata={"doc": "the axis to scan along"})
+    exclusive: bool = attrs.field(
+        default=False, validator=bool_value, metadata={"doc": "each output leaves its own element out"}
+    )
+    reverse: bool = attrs.field(
+        default=False, validator=bool_value, metadata={"doc": "scan from the end of the axis to its start"}
+    )
+
+
+def _make_scan_relation(name: str) -> Callable[[list[Type], ScanAttrs], Type | None]:
+    def relation(arg_types: list[Type], attrs: ScanAttrs) -> Type | None:
+        tensors = tensor_args(arg_types)
+        if tensors is None:
+            return None
+        data = tensors[0]
+        if data.dtype.is_bool:
+            raise RelationError("expected a numeric tensor, found dtype bool", arg=0)
+        if data.ndim == 0:
+            raise RelationError(f"{name} scans along an axis; found a 0-d tensor", arg=0)
+        normalize_axis(attrs.axis, data.ndim)
+        return data
+
+    relation.__name__ = relation.__qualname__ = f"{name}_rel"
+    return relation
+
+
+def _scan_reference(fn: Callable[..., Any], identity: int) -> Callable[[ScanAttrs, Array], Array]:
+    def reference(attrs: ScanAttrs, x: Array) -> Array:
+        axis = attrs.axis % x.ndim
+        data = np.flip(x, axis) if attrs.reverse else x
+        out = fn(data, axis=axis, dtype=x.dtype)
+        if attrs.exclusive:
+            pad = np.full_like(np.take(out, [0], axis=axis), identity)
+            out = np.concatenate([pad, np.take(out, range(out.shape[axis] - 1), axis=axis)], axis=axis)
+        return np.ascontiguousarray(np.flip(out, axis) if attrs.reverse else out)
+
+    reference.__name__ = reference.__qualname__ = f"{getattr(fn, '__name__', 'scan')}_reference"
+    return reference
+
+
+_SCAN_BLOCK = 16  # elements of a block of a long scan: log2 of it full passes, then one more
+_SCAN_BLOCKED = 256  # axes from this length on are scanned in blocks
+
+
+def _doubling(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], dims: tuple[int, ...], ax: int,
+              first: Callable[[tuple[PrimExpr, ...], int], PrimExpr], name: str,
+              last: Callable[[tuple[PrimExpr, ...]], tuple[tuple[PrimExpr, ...], Callable[[PrimExpr], PrimExpr]]]
+              | None = None, keep: bool = False) -> te.Tensor:
+    """The inclusive scan of a sequence of dims[ax] elements along dim `ax`, by doubling.
+
+    With 2^K >= n, step d (d = 2^(K-1), ..., 2, 1) combines each element with the one d before
+    it. The steps' shifts commute, so after all K each element holds the combination of the 2^K
+    elements up to it, those before the start being the identity. So that no step needs a bounds
+    check (a select of a clamped index: a gather when vectorized), each step's tensor starts with the
+    identity in as many places as the steps still to come reach, and step k reads its input at j and
+    j + d with no condition. `first(index, pad)` is the first tensor's element: the identity before
+    position `pad`, the sequence's element index[ax] - pad after; it is inlined into the first step.
+    The steps are marked `KEEP`, so that none is inlined into the next. `last`, if given, maps an
+    index of the returned tensor to the scan's index it holds and a function of that element
+    (a reversal and a cast); the returned tensor then has that function's dtype. With `keep`, the
+    returned tensor is an internal stage of the op, marked `KEEP` too.
+    """
+    n = dims[ax]
+    count = (n - 1).bit_length() if n > 1 else 0  # 2^count >= n (max and sum are the ops here)
+    pad = (1 << count) - 1
+
+    def along(length: int) -> tuple[int, ...]:
+        return (*dims[:ax], length, *dims[ax + 1:])
+
+    def moved(index: tuple[PrimExpr, ...], to: PrimExpr) -> tuple[PrimExpr, ...]:
+        return (*index[:ax], to, *index[ax + 1:])
+
+    if not count:
+        def only(*index: PrimExpr) -> PrimExpr:
+            at, fn = last(index) if last is not None else (index, lambda v: v)
+            return fn(first(at, 0))
+
+        return te.compute(dims, only, name=name, attrs={KEEP: True} if keep else None)
+    current = te.compute(along(n + pad), lambda *i: first(i, pad), name=f"{name}_0")
+    for k in range(count):
+        d = 1 << (count - 1 - k)
+        pad -= d
+        final = k == count - 1
+
+        def step(*index: PrimExpr, prev: te.Tensor = current, d: int = d, final: bool = final) -> PrimExpr:
+            at, fn = last(index) if final and last is not None else (index, lambda v: v)
+            j = at[ax]
+            return fn(combine(prev[moved(at, j + d)], prev[moved(at, j)]))
+
+        current = te.compute(along(n + pad), step, name=name if final else f"{name}_{k + 1}",
+                             attrs={KEEP: True} if keep or not final else None)
+    return current
+
+
+def _scan_compute(kind: str) -> Callable[[ScanAttrs, list[te.Tensor], TensorType], list[te.Tensor]]:
+    """The inclusive (or exclusive) scan along the axis, as steps of doubling (`_doubling`): each an
+    elementwise pass that vectorizes and runs on the cores (te has no sequential recurrence, and a
+    prefix reduction per element would be n^2 work). The scan runs over the logical sequence: the
+    input reversed with `reverse`, shifted by one with `exclusive`; the last pass writes it back in
+    the input's order.
+
+    An axis of n < `_SCAN_BLOCKED` takes ceil(log2 n) passes, n log n work. A longer one is scanned
+    in blocks of `_SCAN_BLOCK`: each block on its own (log2 of the block's size passes), then the
+    exclusive scan of the blocks' totals (n / 16 elements), then one pass that combines each element
+    with its block's prefix: about 6 passes over the data, whatever n. Narrow floats are combined in
+    float32, rounded once at the end."""
+    op = tx.Add if kind == "sum" else tx.Mul
+
+    def combine(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+        return tx.binary(op, a, b)
+
+    def compute(attrs: ScanAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
+        (x,) = inputs
+        shape = _static(out_type)
+        axis = attrs.axis % x.ndim
+        n = shape[axis]
+        dtype = x.dtype
+        acc = accumulator(dtype) if tx.is_float(dtype) else dtype
+        identity = tx.const(0 if kind == "sum" else 1, acc)
+        shift = 1 if attrs.exclusive else 0
+
+        def flip(i: PrimExpr) -> PrimExpr:
+            """The input's position of logical position i (and back)."""
+            return (n - 1) - i if attrs.reverse else i
+
+        def element(index: tuple[PrimExpr, ...], i: PrimExpr, inside: PrimExpr) -> PrimExpr:
+            """The logical sequence's element i (the identity unless `inside`); i is clamped to the axis."""
+            before = i - shift
+            ok = tx.all_of(inside, before >= 0)
+            at = (*index[:axis], flip(tx.min_(tx.max_(before, 0), n - 1)), *index[axis + 1:])
+            return tx.select(ok, te.cast(x[at], acc), identity)
+
+        def cast_back(v: PrimExpr) -> PrimExpr:
+            return te.cast(v, dtype)
+
+        if n < _SCAN_BLOCKED:
+            def first(index: tuple[PrimExpr, ...], pad: int) -> PrimExpr:
+                j = index[axis]
+                return element(index, j - pad, j >= pad)
+
+            def output(index: tuple[PrimExpr, ...]) -> tuple[tuple[PrimExpr, ...], Callable[[PrimExpr], PrimExpr]]:
+                return (*index[:axis], flip(index[axis]), *index[axis + 1:]), cast_back
+
+            return [_doubling(combine, shape, axis, first, f"T_cum{kind}", output)]
+
+        b = _SCAN_BLOCK
+        m = -(-n // b)
+        outer, inner = shape[:axis], shape[axis + 1:]
+        a = len(outer)
+
+        def in_block(index: tuple[PrimExpr, ...], pad: int) -> PrimExpr:
+            # index: (*outer, block, position + pad, *inner)
+            j = index[a + 1] - pad
+            i = index[a] * b + j
+            return element((*index[:a], i, *index[a + 2:]), i, tx.all_of(j >= 0, i < n))
+
+        local = _doubling(combine, (*outer, m, b, *inner), a + 1, in_block, f"T_cum{kind}_local", keep=True)
+
+        def totals(index: tuple[PrimExpr, ...], pad: int) -> PrimExpr:
+            # the blocks' totals shifted by one: the prefix of each block is the scan of those before it
+            c = index[a] - pad - 1
+            block = tx.min_(tx.max_(c, 0), m - 1)
+            at: tuple[PrimExpr, ...] = (*index[:a], block, tx.const(b - 1), *index[a + 1:])
+            return tx.select(c >= 0, local[at], identity)
+
+        prefix = _doubling(combine, (*outer, m, *inner), a, totals, f"T_cum{kind}_blocks", keep=True)
+
+        def out(*index: PrimExpr) -> PrimExpr:
+            i = flip(index[a])
+            rest = index[a + 1:]
+            at_local = (*index[:a], i // b, i % b, *rest)
+            at_prefix = (*index[:a], i // b, *rest)
+            return cast_back(combine(local[at_local], prefix[at_prefix]))
+
+        return [te.compute(shape, out, name=f"T_cum{kind}")]
+
+    compute.__name__ = compute.__qualname__ = f"cum{kind}_compute"
+    return compute
+
+
+def _schedule_scan(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                   target: Target) -> None:
+    """Each step of the scan its own elementwise loop nest: vectorized, on the cores when large."""
+    del anchor_outs, target
+    outputs = {id(t.op) for t in outs}
+    for stage in list(sch.stages):
+        op = stage.op
+        if isinstance(op, te.ComputeOp) and stage.attach_type is te.AttachType.ROOT and (
+            op.attrs.get(KEEP) or id(op) in outputs
+        ):
+            schedule_injective_stage(sch, op.output())
+
+
+_SCANS: list[tuple[str, str, str, Callable[..., Any], int]] = [
+    ("cumsum", "the running sum along an axis (exclusive: of the elements before each)", "sum", np.cumsum, 0),
+    ("cumprod", "the running product along an axis (exclusive: of the elements before each)", "prod", np.cumprod,
+     1),
+]
+for _name, _doc, _kind, _np_fn, _identity in _SCANS:
+    (
+        register_op(_name)
+        .describe(_doc)
+        .add_argument("data", "Tensor", "the tensor to scan")
+        .set_attrs_type(ScanAttrs)
+        .add_type_rel("Scan", _make_scan_relation(_name))
+        .set_support_level(3)
+        # OPAQUE: a consumer must not inline the steps (each reads the previous one twice)
+        .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+        .set_attr(attr.FReference, _scan_reference(_np_fn, _identity))
+        .set_attr(attr.FCompute, _scan_compute(_kind))
+        .set_attr(attr.FSchedule["llvm"], _schedule_scan)
+    )
+
+
+@constructor("cumsum")
+def cumsum(data: Expr, axis: int = 0, exclusive: bool = False, reverse: bool = False) -> Call:
+    """The running sum of `data` along `axis`.
+
+    Args:
+        data: the tensor to scan.
+        axis: the axis to scan along (negative counts from the end).
+        exclusive: each output is the sum of the elements before it, leaving its own out (0 first).
+        reverse: scan from the end of the axis to its start.
+
+    Returns:
+        The call of `cumsum`.
+    """
+    return call("cumsum", [data], ScanAttrs.make("cumsum", axis=axis, exclusive=exclusive, reverse=reverse))
+
+
+@constructor("cumprod")
+def cumprod(data: Expr, axis: int = 0, exclusive: bool = False, reverse: bool = False) -> Call:
+    """The running product of `data` along `axis`.
+
+    Args:
+        data: the tensor to scan.
+        axis: the axis to scan along (negative counts from the end).
+        exclusive: each output is the product of the elements before it, leaving its own out (1 first).
+        reverse: scan from the end of the axis to its start.
+
+    Returns:
+        The call of `cumprod`.
+    """
+    return call("cumprod", [data], ScanAttrs.make("cumprod", axis=axis, exclusive=exclusive, reverse=reverse))

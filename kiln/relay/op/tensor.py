@@ -1,11 +1,14 @@
-"""Elementwise and broadcasting ops: negative ... erf, clip, cast; add ... where.
+"""Elementwise and broadcasting ops: negative ... erf, clip, cast; add ... where; and ONNX's further math:
+fmod, the bitwise ops and shifts, isnan/isinf, tan, the inverse trigonometric and the hyperbolic functions.
 
 Each op is declared in one `register_op` chain (description, arguments, attrs,
 relation, pattern, numpy reference, and te compute, scheduled by the generic
 schedule of its pattern) after the functions it names; the unary and binary
 math families through `register_unary` / `register_binary`, which build that
 chain for each row of their table. Its Python constructor follows, checked
-against it (`@constructor`).
+against it (`@constructor`). The bitwise ops and shifts are tir's own nodes;
+tir has no atan, asinh and the like, so those computes are compositions of the
+intrinsics it has (Cephes' atan; log1p by Goldberg's trick).
 """
 
 from __future__ import annotations
@@ -54,6 +57,17 @@ def _binary(fn: Callable[[Any, Any], Any], out_dtype: str | None = None) -> Ref:
 
     reference.__name__ = reference.__qualname__ = getattr(fn, "__name__", "reference")
     return reference
+
+
+def _quiet(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` without numpy's warnings: NaN out of a domain and x % 0 are the defined results here."""
+
+    def quiet(*args: Any) -> Any:
+        with np.errstate(all="ignore"):
+            return fn(*args)
+
+    quiet.__name__ = quiet.__qualname__ = getattr(fn, "__name__", "reference")
+    return quiet
 
 
 def _erf(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -160,8 +174,10 @@ def _power(a: PrimExpr, b: PrimExpr) -> PrimExpr:
 
 def _c_divide(a: Any, b: Any) -> Any:
     a, b = np.asarray(a), np.asarray(b)
-    if np.issubdtype(a.dtype, np.integer):
-        return np.trunc(a / b).astype(a.dtype)
+    if np.issubdtype(a.dtype, np.integer):  # exact in integers (a float quotient loses 64-bit values)
+        with np.errstate(divide="ignore"):
+            quotient = np.abs(a) // np.where(b == 0, 1, np.abs(b))
+        return np.where((a < 0) != (b < 0), -quotient, quotient).astype(a.dtype)
     return a / b
 
 
@@ -177,7 +193,7 @@ _BINARY: list[tuple[str, str, Callable[..., Any], DTypeRule, str | None, TeExpr]
     ("maximum", "elementwise max", np.maximum, same_dtype, None, tx.max_),
     ("minimum", "elementwise min", np.minimum, same_dtype, None, tx.min_),
     ("floor_divide", "floor(a / b)", _floor_divide, _numeric, None, lambda a, b: a // b),
-    ("floor_mod", "a - floor(a / b) * b", np.mod, _numeric, None, lambda a, b: a % b),
+    ("floor_mod", "a - floor(a / b) * b", _quiet(np.mod), _numeric, None, lambda a, b: _floor_mod(a, b)),
     ("equal", "a == b", np.equal, bool_dtype, "bool", tx.eq),
     ("not_equal", "a != b", np.not_equal, bool_dtype, "bool", tx.ne),
     ("less", "a < b", np.less, bool_dtype, "bool", lambda a, b: a < b),
@@ -306,6 +322,51 @@ def cast(data: Expr, dtype: Any) -> Call:
     return call("cast", [data], CastAttrs.make("cast", dtype=dtype))
 
 
+# --- reinterpret -------------------------------------------------------------------
+
+
+@attrs.frozen
+class ReinterpretAttrs(Attrs):
+    """Target dtype of reinterpret."""
+
+    dtype: DataType = attrs.field(converter=to_dtype, metadata={"doc": "the dtype to read the bits as"})
+
+
+def _reinterpret_rel(arg_types: list[Any], attrs: ReinterpretAttrs) -> Any:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    from kiln.ir.types import TensorType
+
+    src, dst = DataType.of(tensors[0].dtype), attrs.dtype
+    for dt, where in ((src, "the input's dtype"), (dst, "attribute dtype")):
+        if dt.name in ("bool", "bfloat16"):
+            raise RelationError(f"{where} is {dt.name}, whose bits cannot be reinterpreted", arg=0)
+    if src.bits != dst.bits:
+        raise RelationError(f"attribute dtype {dst.name} has {dst.bits} bits, the input's {src.name} {src.bits}: "
+                            "reinterpret needs one width", arg=0)
+    return TensorType(tensors[0].shape, dst)
+
+
+(
+    register_op("reinterpret")
+    .describe("reads the bits of each element as another dtype of the same width (numpy's view)")
+    .add_argument("data", "Tensor", "the input")
+    .set_attrs_type(ReinterpretAttrs)
+    .add_type_rel("Reinterpret", _reinterpret_rel)
+    .set_support_level(3)
+    .set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
+    .set_attr(attr.FReference, lambda attrs, x: np.ascontiguousarray(x).view(attrs.dtype.numpy()))
+    .set_attr(attr.FCompute, elementwise_compute(lambda attrs, x: te.reinterpret(x, str(attrs.dtype)), "reinterpret"))
+)
+
+
+@constructor("reinterpret")
+def reinterpret(data: Expr, dtype: Any) -> Call:
+    """The bits of data read as `dtype`, which has the width of data's dtype."""
+    return call("reinterpret", [data], ReinterpretAttrs.make("reinterpret", dtype=dtype))
+
+
 # --- where -------------------------------------------------------------------------
 
 
@@ -341,3 +402,259 @@ def _where_rel(arg_types: list[Any], attrs: Any) -> Any:
 def where(condition: Expr, x: Expr, y: Expr) -> Call:
     """x where condition is true, else y."""
     return call("where", [condition, x, y])
+
+
+# --- more math: ONNX's remainder, bitwise, float-class, trigonometric and hyperbolic ops -----------
+#
+# Separate tables from _UNARY/_BINARY: those rows are tested as one family (float32 in, the same dtype out),
+# which bitwise ops (integers only) and isnan/isinf (bool out) are not.
+
+
+def _integer(dtypes: list[DataType], attrs: Any) -> DataType:
+    out = same_dtype(dtypes, attrs)
+    if out.is_float or out.is_bool:
+        raise RelationError(f"expected an integer tensor, found dtype {out}", arg=0)
+    return out
+
+
+def _float_class(dtypes: list[DataType], attrs: Any) -> DataType:
+    float_dtype(dtypes, attrs)
+    return DataType.of("bool")
+
+
+def _fmod(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    """C's fmod: a - trunc(a / b) * b, with the sign of a; 0 for an integer b of 0, as numpy."""
+    dt = a.dtype
+    zero = tx.const(0, dt)
+    if not tx.is_float(dt):
+        # tir's integer `/` truncates; x / -1 is left out, its product with -1 could overflow
+        bad = tx.eq(b, zero) if dt.startswith("u") else tx.any_of(tx.eq(b, zero), tx.eq(b, tx.const(-1, dt)))
+        return tx.select(bad, zero, a - (a / b) * b)
+    # in float64 with one fma: exact while |a / b| < 2**53 (float32 operands: products of 24-bit numbers);
+    # a quotient rounded up across an integer leaves a remainder of the wrong sign, fixed by one step
+    x, y = te.cast(a, "float64"), te.cast(b, "float64")
+    q = x / y
+    t = tx.select(q < 0.0, te.ceil(q), te.floor(q))
+    r = tx.call("fma", -t, y, x)
+    m = te.abs(y)
+    r = tx.select(tx.all_of(x > 0.0, r < 0.0), r + m, tx.select(tx.all_of(x < 0.0, r > 0.0), r - m, r))
+    inf = tx.const(math.inf, "float64")
+    r = tx.select(tx.all_of(tx.eq(m, inf), te.abs(x) < inf), x, r)  # a finite x modulo +-inf is x
+    return te.cast(r, dt)
+
+
+def _floor_mod(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    """a - floor(a / b) * b, with the sign of b; floats from the exact fmod, as numpy's mod."""
+    if not tx.is_float(a.dtype):
+        return a % b
+    r = _fmod(a, b)
+    zero = tx.const(0.0, a.dtype)
+    fix = tx.all_of(tx.ne(r, zero), tx.ne(r < zero, b < zero))  # ne on floats is true for NaN; r + b keeps it
+    return tx.select(fix, r + b, r)
+
+
+def _bitwise_not(x: PrimExpr) -> PrimExpr:
+    return tx.bitwise_not(x)
+
+
+def _left_shift(a: PrimExpr, s: PrimExpr) -> PrimExpr:
+    # the loop IR's shifts are numpy's: an amount < 0 or >= the bit width shifts every bit out
+    return tx.shift_left(a, s)
+
+
+def _right_shift(a: PrimExpr, s: PrimExpr) -> PrimExpr:
+    return tx.shift_right(a, s)  # arithmetic for signed a, logical for unsigned
+
+
+def _isinf(x: PrimExpr) -> PrimExpr:
+    return tx.eq(te.abs(x), tx.const(math.inf, x.dtype))
+
+
+def _isnan(x: PrimExpr) -> PrimExpr:
+    return tx.call("isnan", x, dtype="bool")
+
+
+def _half_in_float32(fn: Callable[[PrimExpr], PrimExpr]) -> TeExpr:
+    """`fn` computed in float32 for a float16 x (float16 rounding at each step would add up)."""
+
+    def expr(x: PrimExpr) -> PrimExpr:
+        if x.dtype == "float16":
+            return te.cast(fn(te.cast(x, "float32")), "float16")
+        return fn(x)
+
+    expr.__name__ = fn.__name__
+    return expr
+
+
+def _poly(z: PrimExpr, coeffs: tuple[float, ...]) -> PrimExpr:
+    out: PrimExpr = tx.const(coeffs[0], z.dtype)
+    for c in coeffs[1:]:
+        out = out * z + c
+    return out
+
+
+# Cephes' atanf (float32) and atan (float64, a rational function with its pi/2 tail "MOREBITS")
+_ATAN_F32 = (8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1)
+_ATAN_P = (-8.750608600031904122785e-1, -1.615753718733365076637e1, -7.500855792314704667340e1,
+           -1.228866684490136173410e2, -6.485021904942025371773e1)
+_ATAN_Q = (1.0, 2.485846490142306297962e1, 1.650270098316988542046e2, 4.328810604912902668951e2,
+           4.853903996359136964868e2, 1.945506571482613964425e2)
+_MOREBITS = 6.123233995736765886130e-17
+
+
+def _atan(x: PrimExpr) -> PrimExpr:
+    """atan by Cephes: |x| reduced to [0, tan(pi/8)] against pi/2 or pi/4, then a polynomial (a select reads
+    every branch: -1/0 and the rest are harmless)."""
+    dt = x.dtype
+    f64 = dt == "float64"
+    t = te.abs(x)
+    big = t > 2.414213562373095
+    mid = t > (0.66 if f64 else 0.4142135623730950)
+    z = tx.select(big, tx.const(-1.0, dt) / t, tx.select(mid, (t - 1.0) / (t + 1.0), t))
+    base = tx.select(big, tx.const(math.pi / 2, dt), tx.select(mid, tx.const(math.pi / 4, dt), tx.const(0.0, dt)))
+    zz = z * z
+    if f64:
+        tail = tx.select(big, tx.const(_MOREBITS, dt), tx.select(mid, tx.const(_MOREBITS / 2, dt), tx.const(0.0, dt)))
+        y = base + (z * (zz * _poly(zz, _ATAN_P) / _poly(zz, _ATAN_Q)) + z + tail)
+    else:
+        y = base + (_poly(zz, _ATAN_F32) * zz * z + z)
+    return tx.select(x < 0.0, -y, y)
+
+
+def _asin(x: PrimExpr) -> PrimExpr:
+    # (1 - x)(1 + x) keeps the digits near |x| = 1; x / 0 there is +-inf, whose atan is +-pi/2
+    return _atan(x / te.sqrt((1.0 - x) * (1.0 + x)))
+
+
+def _acos(x: PrimExpr) -> PrimExpr:
+    # acos(x) = 2 atan(sqrt((1 - x) / (1 + x))): accurate near x = 1 (pi/2 - asin(x) is not); pi at x = -1
+    return _atan(te.sqrt((1.0 - x) / (1.0 + x))) * 2.0
+
+
+def _log1p(u: PrimExpr) -> PrimExpr:
+    """log(1 + u), accurate for small u (Goldberg: the rounding of 1 + u cancels in u / (w - 1))."""
+    w = u + 1.0
+    return tx.select(tx.eq(w, tx.const(1.0, u.dtype)), u,
+                     tx.select(tx.eq(w, tx.const(math.inf, u.dtype)), w, te.log(w) * u / (w - 1.0)))
+
+
+def _series(x: PrimExpr, coeffs: tuple[float, ...]) -> PrimExpr:
+    """x * (c0 + c1 x^2 + c2 x^4 + ...): the odd Taylor series near 0, where a formula cancels."""
+    xx = x * x
+    return x * _poly(xx, tuple(reversed(coeffs)))
+
+
+_SINH_SERIES = (1.0, 1 / 6, 1 / 120, 1 / 5040, 1 / 362880)
+_LN2 = math.log(2.0)
+_HUGE = 2.0**28  # past it x + sqrt(x^2 +- 1) is 2x to float64's precision: log(x) + ln 2 avoids x^2's overflow
+
+
+def _half_square_of_exp_half(t: PrimExpr) -> PrimExpr:
+    """e^t / 2 as (h / 2) h for h = e^(t / 2): finite up to sinh's and cosh's own overflow, where e^t is
+    already inf. The product is an fma with -0 (a plain product, rounded once): the float multiplies carry
+    `reassoc`, which would let LLVM form h * h first, and that overflows."""
+    h = te.exp(t * 0.5)
+    return tx.call("fma", h * 0.5, h, tx.const(-0.0, t.dtype))
+
+
+def _sinh(x: PrimExpr) -> PrimExpr:
+    t = te.abs(x)
+    e = te.exp(t)
+    y = tx.select(t > 20.0, _half_square_of_exp_half(t), (e - 1.0 / e) * 0.5)
+    y = tx.select(t < (0.05 if x.dtype == "float64" else 0.5), _series(t, _SINH_SERIES), y)
+    return tx.select(x < 0.0, -y, y)
+
+
+def _cosh(x: PrimExpr) -> PrimExpr:
+    t = te.abs(x)
+    e = te.exp(t)
+    return tx.select(t > 20.0, _half_square_of_exp_half(t), (e + 1.0 / e) * 0.5)
+
+
+def _asinh(x: PrimExpr) -> PrimExpr:
+    t = te.abs(x)
+    # t + sqrt(1 + t^2) - 1 = t + t^2 / (1 + sqrt(1 + t^2)), without cancellation
+    y = tx.select(t > _HUGE, te.log(t) + _LN2, _log1p(t + t * t / (te.sqrt(t * t + 1.0) + 1.0)))
+    return tx.select(x < 0.0, -y, y)
+
+
+def _acosh(x: PrimExpr) -> PrimExpr:
+    # x - 1 + sqrt((x - 1)(x + 1)) is exact near 1
+    y = tx.select(x > _HUGE, te.log(x) + _LN2, _log1p((x - 1.0) + te.sqrt((x - 1.0) * (x + 1.0))))
+    return tx.select(x < 1.0, tx.const(math.nan, x.dtype), y)  # (x - 1)(x + 1) may overflow for a very negative x
+
+
+def _atanh(x: PrimExpr) -> PrimExpr:
+    t = te.abs(x)
+    y = _log1p(t * 2.0 / (1.0 - t)) * 0.5  # +-1 gives +-inf; |x| > 1 a log of a negative, NaN
+    return tx.select(x < 0.0, -y, y)
+
+
+def _tan(x: PrimExpr) -> PrimExpr:
+    return te.sin(x) / te.cos(x)
+
+
+def _float_class_ref(fn: Callable[[Any], Any]) -> Ref:
+    def reference(attrs: Any, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        out: np.ndarray[Any, Any] = np.asarray(fn(x))
+        return out
+
+    reference.__name__ = reference.__qualname__ = fn.__name__
+    return reference
+
+
+_MATH_UNARY: list[tuple[str, str, Callable[..., Any], DTypeRule, TeExpr]] = [
+    # name, description, numpy function, dtype rule, te expression of the element
+    ("bitwise_not", "~x (every bit flipped)", np.bitwise_not, _integer, _bitwise_not),
+    ("tan", "tangent", np.tan, float_dtype, _tan),
+    ("atan", "arc tangent", np.arctan, float_dtype, _half_in_float32(_atan)),
+    ("asin", "arc sine", np.arcsin, float_dtype, _half_in_float32(_asin)),
+    ("acos", "arc cosine", np.arccos, float_dtype, _half_in_float32(_acos)),
+    ("sinh", "hyperbolic sine", np.sinh, float_dtype, _half_in_float32(_sinh)),
+    ("cosh", "hyperbolic cosine", np.cosh, float_dtype, _half_in_float32(_cosh)),
+    ("asinh", "inverse hyperbolic sine", np.arcsinh, float_dtype, _half_in_float32(_asinh)),
+    ("acosh", "inverse hyperbolic cosine", np.arccosh, float_dtype, _half_in_float32(_acosh)),
+    ("atanh", "inverse hyperbolic tangent", np.arctanh, float_dtype, _half_in_float32(_atanh)),
+]
+
+for _name, _doc, _fn, _rule, _te in _MATH_UNARY:
+    register_unary(_name, _doc, _unary(_quiet(_fn)), _rule, te_expr=_te)
+
+for _name, _doc, _fn, _te in [("isnan", "x is NaN (bool)", np.isnan, _isnan),
+                              ("isinf", "x is +inf or -inf (bool)", np.isinf, _isinf)]:
+    register_unary(_name, _doc, _float_class_ref(_fn), _float_class, te_expr=_te)
+
+bitwise_not = _make_unary("bitwise_not")
+tan = _make_unary("tan")
+atan = _make_unary("atan")
+asin = _make_unary("asin")
+acos = _make_unary("acos")
+sinh = _make_unary("sinh")
+cosh = _make_unary("cosh")
+asinh = _make_unary("asinh")
+acosh = _make_unary("acosh")
+atanh = _make_unary("atanh")
+isnan = _make_unary("isnan")
+isinf = _make_unary("isinf")
+
+
+_MATH_BINARY: list[tuple[str, str, Callable[..., Any], DTypeRule, TeExpr]] = [
+    # name, description, numpy function, dtype rule, te expression of the element
+    ("fmod", "a - trunc(a / b) * b (C's fmod: the sign of a)", np.fmod, _numeric, _fmod),
+    ("bitwise_and", "a & b", np.bitwise_and, _integer, tx.bitwise_and),
+    ("bitwise_or", "a | b", np.bitwise_or, _integer, tx.bitwise_or),
+    ("bitwise_xor", "a ^ b", np.bitwise_xor, _integer, tx.bitwise_xor),
+    ("left_shift", "a << b (0 where b < 0 or b >= the bit width)", np.left_shift, _integer, _left_shift),
+    ("right_shift", "a >> b, arithmetic for signed a (0 or -1 where b < 0 or b >= the bit width)",
+     np.right_shift, _integer, _right_shift),
+]
+
+for _name, _doc, _fn, _rule, _te in _MATH_BINARY:
+    register_binary(_name, _doc, _binary(_quiet(_fn)), _rule, te_expr=_te)
+
+fmod = _make_binary("fmod")
+bitwise_and = _make_binary("bitwise_and")
+bitwise_or = _make_binary("bitwise_or")
+bitwise_xor = _make_binary("bitwise_xor")
+left_shift = _make_binary("left_shift")
+right_shift = _make_binary("right_shift")

@@ -245,6 +245,76 @@ ROW_CASES: list[Case] = [
     Case("nn.layer_norm", (f16(4, 64), f16(64), f16(64)), {"axis": -1}, **HALF_SUMS),
 ]
 CASES += ROW_CASES
+
+
+def uniform(lo: float, hi: float, *shape: int) -> np.ndarray:
+    """float32 values in [lo, hi): the domain of asin, acosh, ... or positions of a grid."""
+    return _RNG.uniform(lo, hi, shape).astype("float32")
+
+
+def with_specials(x: np.ndarray) -> np.ndarray:
+    """`x` with NaN, +inf and -inf in its first three elements (isnan, isinf)."""
+    x = x.copy()
+    x.reshape(-1)[:3] = [np.nan, np.inf, -np.inf]
+    return x
+
+
+def unit_steps(*shape: int) -> np.ndarray:
+    """int32 -1 or 1, with a 2 in every 30th place: running products stay well inside int32."""
+    x = np.where(_RNG.random(shape) < 0.5, -1, 1).astype("int32")
+    x.reshape(-1)[::30] = 2
+    return x
+
+
+# The ops of ONNX breadth (appended, so that the cases above keep their random inputs): ONNX's further math,
+# the scans, the gathers, scatters and topk, the qnn ops, grid_sample, max_pool2d_argmax and roi_align.
+ONNX_CASES: list[Case] = [
+    Case("tan", (uniform(-1.2, 1.2, 2, 5),)),
+    Case("atan", (f32(2, 5) * 10,)),
+    *(Case(op, (uniform(-0.95, 0.95, 2, 5),)) for op in ["asin", "acos", "atanh"]),
+    *(Case(op, (f32(2, 5) * 3,)) for op in ["sinh", "cosh"]),
+    Case("asinh", (f32(2, 5) * 100,)),
+    Case("acosh", (uniform(1.0, 6.0, 2, 5),)),
+    *(Case(op, (with_specials(f32(2, 5)),)) for op in ["isnan", "isinf"]),
+    Case("reinterpret", (with_specials(f32(2, 5)),), {"dtype": "int32"}),
+    Case("fmod", (f32(2, 3) * 5, nonzero(3))),
+    Case("fmod", (ints(2, 3, lo=-20, hi=20), divisors(3)), label="int32"),
+    Case("bitwise_not", (ints(2, 5, dtype="int16"),)),
+    Case("bitwise_and", (ints(2, 5, lo=-100, hi=100), ints(5, lo=-100, hi=100))),
+    Case("bitwise_or", (ints(9, lo=0, hi=256, dtype="uint8"), ints(9, lo=0, hi=256, dtype="uint8"))),
+    Case("bitwise_xor", (ints(7, lo=-(2**40), hi=2**40, dtype="int64"), ints(7, dtype="int64"))),
+    # shifts by a negative amount and by the bit width or more are part of the op's definition
+    Case("left_shift", (ints(4, 1, lo=-1000, hi=1000), np.array([-1, 0, 1, 31, 32], "int32"))),
+    Case("right_shift", (ints(4, 1, lo=-128, hi=128, dtype="int8"), np.array([-1, 0, 1, 7, 8], "int8"))),
+    Case("cumsum", (f32(4, 9),), {"axis": 1, "exclusive": True}, **SUMS),
+    Case("cumprod", (unit_steps(2, 300),), {"axis": 1, "reverse": True}),
+    Case("gather_elements", (f32(3, 5), ints(3, 2, lo=-5, hi=5, dtype="int64")), {"axis": 1}),
+    Case("gather_nd", (f32(3, 4, 5), np.array([[[2, -1]], [[0, 3]]], "int64")), {"batch_dims": 0}),
+    Case("scatter_elements", (f32(3, 5), ints(3, 2, lo=-5, hi=5, dtype="int64"), f32(3, 2)),
+         {"axis": 1, "reduction": "add"}, **SUMS),
+    Case("scatter_nd", (f32(4, 5), np.array([[3], [0], [-2]], "int64"), f32(3, 5))),  # unique rows: 3, 0, 2
+    Case("topk", (halves(3, 7),), {"k": 3, "axis": 1}),  # ties go to the lower index
+    Case("qnn.quantize", (f32(2, 3, 5) * 300, uniform(0.5, 2.5, 3), ints(3, lo=-5, hi=5, dtype="int8")),
+         {"axis": 1}),
+    Case("qnn.dequantize", (ints(4, 6, lo=0, hi=256, dtype="uint8"), uniform(0.1, 1.0, 2, 6),
+                            ints(2, 6, lo=0, hi=256, dtype="uint8")), {"axis": 0, "block_size": 3}),
+    Case("qnn.matmul_integer", (ints(2, 3, 7, lo=-128, hi=128, dtype="int8"), ints(7, 5, lo=0, hi=256, dtype="uint8"),
+                                ints(3, lo=-128, hi=128, dtype="int8"), ints(5, lo=0, hi=256, dtype="uint8"))),
+    Case("qnn.conv_integer", (ints(1, 4, 6, 7, lo=0, hi=256, dtype="uint8"),
+                              ints(6, 2, 3, 3, lo=-128, hi=128, dtype="int8"), np.array(17, "uint8"),
+                              ints(6, lo=-128, hi=128, dtype="int8")),
+         {"strides": (2, 1), "padding": (1, 1, 0, 2), "dilation": (1, 1), "groups": 2}),
+    Case("image.grid_sample", (f32(1, 2, 4, 5), uniform(-1.2, 1.2, 1, 3, 6, 2)),
+         {"method": "linear", "padding_mode": "zeros"}, **SUMS),
+    Case("image.grid_sample", (f32(1, 2, 4, 5), uniform(-1.2, 1.2, 1, 3, 6, 2)),
+         {"method": "cubic", "padding_mode": "reflection", "align_corners": True}, **SUMS, label="cubic"),
+    Case("nn.max_pool2d_argmax", (f32(1, 2, 7, 8),), {"pool_size": 3, "strides": 2, "padding": 1}),
+    Case("nn.roi_align", (f32(2, 3, 10, 8), np.array([[0.0, 0.0, 9.0, 9.0], [0.5, 2.0, 4.3, 7.1],
+                                                     [-3.0, 6.0, 12.0, 14.0], [5.0, 5.0, 5.5, 5.2]], "float32"),
+                          np.array([0, 1, 1, 0], "int64")), {"output_size": (3, 4), "sampling_ratio": 2},
+         **SUMS),
+]
+CASES += ONNX_CASES
 BY_ID = {c.id: c for c in CASES}
 
 # run on the CPU through the stand-in: g++ and one OS thread per CUDA thread make each ~0.3 s
@@ -261,6 +331,9 @@ HOST_RUN = [
     "image.resize", "image.resize-cubic", "nn.pad-wrap",  # image, and pads wider than the axis
     "add-float16", "exp-float16", "sum-float16", "nn.dense-int8", "image.resize-float16",  # other dtypes
     "prod", "nn.softmax-float16", *(c.id for c in ROW_CASES),  # rows over threads
+    # ONNX breadth: the scans, a scatter, topk, an integer product, sampling and pooling with indices
+    "cumsum", "cumprod", "scatter_nd", "topk", "qnn.matmul_integer", "image.grid_sample", "nn.roi_align",
+    "nn.max_pool2d_argmax",
 ]
 
 

@@ -31,7 +31,7 @@ def _file(site: object) -> str:
 def _constructors() -> dict[str, list[types.FunctionType]]:
     """Every function marked @constructor in the relay namespaces users call (relay.x, relay.nn.x, ...)."""
     found: dict[str, list[types.FunctionType]] = {}
-    for space in (relay, relay.nn, relay.image):
+    for space in (relay, relay.nn, relay.image, relay.qnn):
         for value in vars(space).values():
             name = getattr(value, "__kiln_op__", None)
             if name is not None and value not in found.setdefault(name, []):
@@ -61,7 +61,7 @@ def test_every_op_has_a_relation_pattern_reference_compute_and_constructor() -> 
             if not op.has_attr(key):
                 missing.append(f"{op.name}: no {key.name}")
         if op.name not in constructors:
-            missing.append(f"{op.name}: no @constructor in relay, relay.nn or relay.image")
+            missing.append(f"{op.name}: no @constructor in relay, relay.nn, relay.image or relay.qnn")
     assert not missing, "\n".join(missing)
 
 
