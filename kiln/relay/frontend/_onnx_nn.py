@@ -9,7 +9,12 @@ and 3-D ones (static shapes only) are decomposed: a pool is separable, so it
 pools (H, W) with D folded into the channels, then D with (H, W) flattened; a
 convolution is a sum over the kernel's depth taps of 2-D convolutions with the
 depth folded into the batch (a transposed one spreads each tap's result to its
-output depths). Other ranks are an error naming the node.
+output depths). Other ranks are an error naming the node. LpPool is
+``(sum |x|^p)^(1/p)``, the sum an average over the padded window times the
+kernel's size; MaxPool's Indices output (1-D and 2-D) is nn.max_pool2d_argmax.
+CausalConvWithState is a depthwise 1-D Conv over the past state and the input.
+The sampling ops (GridSample, AffineGrid, RoiAlign, DeformConv) are in
+`_onnx_image`, imported at the end of this module so that they register.
 
 BatchNormalization in training mode (opset 14+) computes the batch statistics
 and the updated running ones from reductions; InstanceNormalization and the
@@ -185,6 +190,35 @@ def _conv(node: OnnxNode) -> Expr:
     return _bias(node, relay.transpose(relay.reshape(total, (n, od, o, oh, ow), allowzero=True), (0, 2, 1, 3, 4)), 2)
 
 
+@onnx_converter("CausalConvWithState", since=27)
+def _causal_conv_with_state(node: OnnxNode) -> list[Expr]:
+    # The past state (zeros by default) in front of the input, a depthwise 1-D convolution without padding,
+    # and the last k - 1 positions of the padded input as the present state.
+    x, w = node.input(0), node.input(1, "weight")
+    if node.ndim(0) != 3:
+        raise node.error(f"expected an input (batch, channels, length), found shape {node.shape(0)}")
+    n, c, _ = node.static_shape(0)
+    weight = node.static_shape(1, "the weight")
+    if len(weight) != 3 or weight[:2] != (c, 1) or weight[2] < 1:
+        raise node.error(f"the weight has shape {weight}: expected ({c}, 1, k), one kernel per channel")
+    k = weight[2]
+    activation = node.attr("activation", "none")
+    if activation not in ("none", "silu", "swish"):
+        raise node.error(f"attribute activation is {activation!r}: expected none, silu or swish")
+    past = node.optional_input(3)
+    if past is None:
+        past = relay.zeros((n, c, k - 1), str(node.dtype(0)))
+    elif node.shape(3) != (n, c, k - 1):
+        raise node.error(f"past_state has shape {node.shape(3)}: expected {(n, c, k - 1)}")
+    padded: Expr = relay.concatenate([past, x], axis=2) if k > 1 else x
+    length = node.static_shape(padded)[2]
+    y: Expr = relay.squeeze(relay.nn.conv2d(relay.expand_dims(padded, 2), relay.expand_dims(w, 2), groups=c), axis=2)
+    y = _bias(node, y, 2)
+    if activation != "none":
+        y = relay.multiply(y, relay.sigmoid(y))
+    return [y, relay.strided_slice(padded, [length - (k - 1)], [length], axes=[2])]
+
+
 def _transpose_crops(node: OnnxNode, spatial: Sequence[Dim], win: _Window, output_padding: list[int],
                      ) -> tuple[list[int], list[int]]:
     """ConvTranspose's crops (begin, end) of ``full = stride * (in - 1) + (kernel - 1) * dilation + 1``.
@@ -305,19 +339,21 @@ def _pool2d(x: Expr, kind: str, win: _Window, ceil_mode: bool, count_include_pad
                                padding=win.padding, ceil_mode=ceil_mode, count_include_pad=count_include_pad)
 
 
-def _pool(node: OnnxNode, kind: str) -> Expr:
+def _pool(node: OnnxNode, kind: str, x: Expr | None = None, count_include_pad: bool | None = None) -> Expr:
+    """The pool `kind` ("max" or "avg") of `x` (default: input 0) with the node's window."""
     nd = _spatial_rank(node, "pooling")
     kernel = node.ints_attr("kernel_shape")
     assert kernel is not None  # required
     if len(kernel) != nd:
         raise node.error(f"attribute kernel_shape {kernel} needs {nd} values for an input of rank {nd + 2}")
-    x = node.input(0)
+    x = node.input(0) if x is None else x
     win = _window(node, node.shape(0)[2:], kernel)
     if any(p >= k for p, k in zip(win.begin + win.end, kernel + kernel, strict=True)):
         # a window wholly in the padding has no elements: its max or average is not defined
         raise node.error(f"pads {win.begin + win.end} must be smaller than the kernel {kernel}")
     ceil_mode = node.bool_attr("ceil_mode", False)
-    count_include_pad = node.bool_attr("count_include_pad", False)
+    if count_include_pad is None:
+        count_include_pad = node.bool_attr("count_include_pad", False)
     if nd == 2:
         return _pool2d(x, kind, win, ceil_mode, count_include_pad)
     if nd == 1:
@@ -334,16 +370,46 @@ def _pool(node: OnnxNode, kind: str) -> Expr:
 
 
 @onnx_converter("MaxPool", since=1)
-def _max_pool(node: OnnxNode) -> Expr:
-    # The Indices output is not produced: the importer rejects a model that uses it. storage_order only
-    # orders those indices, but a value other than 0 or 1 is still a malformed node.
-    node.bool_attr("storage_order", False)
-    return _pool(node, "max")
+def _max_pool(node: OnnxNode) -> Expr | list[Expr]:
+    storage_order = node.bool_attr("storage_order", False)
+    y = _pool(node, "max")
+    if len(node.outputs) < 2 or not node.outputs[1]:
+        return y
+    # Indices: where each maximum is, in the flattened input (1-D and 2-D; a 1-D pool is a 2-D one of height 1)
+    nd = _spatial_rank(node, "pooling")
+    if nd == 3:
+        raise node.error("the Indices output of a 3-D MaxPool is not supported (1-D and 2-D are)")
+    kernel = node.ints_attr("kernel_shape")
+    assert kernel is not None  # _pool checked it
+    win = _window(node, node.shape(0)[2:], kernel)
+    x = node.input(0)
+    if nd == 1:
+        x, win = relay.expand_dims(x, 2), win.dims(-1, 0)
+    indices = relay.nn.max_pool2d_argmax(
+        x, pool_size=win.kernel, strides=win.strides, dilation=win.dilations, padding=win.padding,
+        ceil_mode=node.bool_attr("ceil_mode", False), storage_order=storage_order)
+    return [y, relay.squeeze(indices, axis=2) if nd == 1 else indices]
 
 
 @onnx_converter("AveragePool", since=1)
 def _avg_pool(node: OnnxNode) -> Expr:
     return _pool(node, "avg")
+
+
+@onnx_converter("LpPool", since=1)
+def _lp_pool(node: OnnxNode) -> Expr:
+    # (sum of |x|^p over the window)^(1/p): the sum is the average over the padded window (the padding
+    # reads 0) times the kernel's size. Opset 1's p is a float, later ones an int.
+    p = node.float_attr("p", 2.0)
+    if not p > 0:
+        raise node.error(f"attribute p is {p}: expected a value > 0")
+    kernel = node.ints_attr("kernel_shape")
+    assert kernel is not None  # required
+    x, dtype = node.input(0), node.dtype(0)
+    powered = relay.multiply(x, x) if p == 2 else relay.power(relay.abs(x), relay.const(p, dtype=dtype))
+    mean = _pool(node, "avg", powered, count_include_pad=True)
+    total = relay.multiply(mean, relay.const(float(math.prod(kernel)), dtype=dtype))
+    return relay.sqrt(total) if p == 2 else relay.power(total, relay.const(1.0 / p, dtype=dtype))
 
 
 def _global_pool(node: OnnxNode, kind: str) -> Expr:
@@ -662,3 +728,6 @@ def _upsample(node: OnnxNode) -> Expr:
     sizes, scales = _resize_sizes(node, shape, axes, scales, None, "stretch")
     return _asymmetric_resize(node.input(0), sizes, axes, mode, scales)
 
+
+
+from kiln.relay.frontend import _onnx_image  # noqa: E402, F401  (GridSample, AffineGrid: they register)

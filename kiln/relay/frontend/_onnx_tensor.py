@@ -188,7 +188,8 @@ def _unsqueeze_v1(node: OnnxNode) -> Expr:
 
 @onnx_converter("Unsqueeze", since=13)
 def _unsqueeze_v13(node: OnnxNode) -> Expr:
-    return _unsqueeze(node, _required_ints(node, 1, "axes"))
+    # a 0-d axes is one axis, as ONNX's reference reads it
+    return _unsqueeze(node, _required_ints(node, 1, "axes", rank=0 if node.ndim(node.input(1, "axes")) == 0 else 1))
 
 
 # ---------------------------------------------------------------------------

@@ -39,14 +39,11 @@ with \\xNN in messages, spans and Relay variable names.
 
 from __future__ import annotations
 
-import inspect
 import os
-import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import attrs
 import numpy as np
 
 from kiln.errors import KilnError
@@ -57,148 +54,27 @@ from kiln.ir.span import Span, span_scope
 from kiln.ir.types import Dim, SizeVar, TensorType, TupleType
 from kiln.registry import Op
 from kiln.relay.expr import Call, Constant, Expr, Function, Tuple, TupleGetItem, Var
+from kiln.relay.frontend._onnx_table import (
+    ConverterEntry,
+    OnnxImportError,
+    OnnxUnsupportedError,
+    OnnxValueNeededError,
+    _domain,
+    converters,
+    find_converter,
+    onnx_converter,
+)
 from kiln.relay.transform.fold_constant import fold_call, is_constant
 from kiln.relay.type_infer import infer_type
 from kiln.relay.visitor import ExprMutator, post_order
-
-
-class OnnxImportError(KilnError, ValueError):
-    """The ONNX model is malformed, or a node cannot be converted; the message names the node."""
-
-
-class OnnxUnsupportedError(OnnxImportError):
-    """The model uses ops (or opsets) that no converter handles; `unsupported` lists them all."""
-
-    def __init__(self, unsupported: Mapping[tuple[str, str, int], list[str]]) -> None:
-        self.unsupported = dict(unsupported)
-        lines = []
-        for (domain, op_type, opset), names in sorted(self.unsupported.items()):
-            shown = ", ".join(repr(n) for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-            qualified = f"{domain}.{op_type}" if domain else op_type
-            lines.append(f"  {qualified} (opset {opset}): {shown}{_known_versions(domain, op_type)}")
-        super().__init__(f"the model uses {len(lines)} op(s) kiln cannot convert:\n" + "\n".join(lines))
-
-
-# ---------------------------------------------------------------------------
-# The converter table
-# ---------------------------------------------------------------------------
-
-Converter = Callable[["OnnxNode"], "Expr | Sequence[Expr | None]"]
-
-
-@attrs.frozen
-class ConverterEntry:
-    """One converter: it handles `op_type` of `domain` from opset `since` up to `until` (inclusive)."""
-
-    domain: str
-    op_type: str
-    since: int
-    until: int | None
-    fn: Converter
-    where: str
-
-    def handles(self, opset: int) -> bool:
-        return self.since <= opset and (self.until is None or opset <= self.until)
-
-
-_TABLE: dict[tuple[str, str], list[ConverterEntry]] = {}
-_LOCK = threading.Lock()
-
-
-def _domain(domain: str) -> str:
-    return "" if domain in ("", "ai.onnx") else domain
-
-
-def onnx_converter(
-    op_type: str, domain: str = "", since: int = 1, until: int | None = None, override: bool = False
-) -> Callable[[Converter], Converter]:
-    """Registers the decorated function as the converter of `op_type` for opsets `since`..`until`.
-
-    The model's opset import for `domain` picks the entry: the one with the
-    highest `since` not above it (and not past its `until`). Registering the
-    same (domain, op_type, since) twice is an error naming both places, unless
-    `override` is true (a user replacing kiln's own converter).
-    """
-    if since < 1 or (until is not None and until < since):
-        raise OnnxImportError(f"converter of {op_type}: bad opset range since={since} until={until}")
-
-    def register(fn: Converter) -> Converter:
-        where = _where(fn)
-        entry = ConverterEntry(_domain(domain), op_type, since, until, fn, where)
-        with _LOCK:
-            entries = _TABLE.setdefault((entry.domain, op_type), [])
-            for i, old in enumerate(entries):
-                if old.since == since:
-                    if not override:
-                        raise OnnxImportError(
-                            f"a converter of {op_type} (domain {domain!r}) since opset {since} is registered twice: "
-                            f"{old.where} and {where}; pass override=True to replace it"
-                        )
-                    del entries[i]
-                    break
-            entries.append(entry)
-            entries.sort(key=lambda e: e.since)
-        return fn
-
-    return register
-
-
-def _where(fn: Callable[..., Any]) -> str:
-    """file:line of `fn`, kiln's own files relative to the repository."""
-    try:
-        path, line = inspect.getsourcefile(fn) or "?", inspect.getsourcelines(fn)[1]
-    except (OSError, TypeError):
-        return getattr(fn, "__qualname__", repr(fn))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    if os.path.abspath(path).startswith(root + os.sep):
-        path = os.path.relpath(path, root)
-    return f"{path}:{line}"
-
-
-def find_converter(op_type: str, opset: int, domain: str = "") -> ConverterEntry | None:
-    """The converter of `op_type` for `opset`, or None."""
-    _load_builtin()
-    with _LOCK:
-        entries = list(_TABLE.get((_domain(domain), op_type), ()))
-    best = None
-    for entry in entries:
-        if entry.since <= opset:
-            best = entry
-    return best if best is not None and best.handles(opset) else None
-
-
-def converters() -> list[ConverterEntry]:
-    """Every registered converter, by domain, op type and opset (`kiln ops --onnx` prints them)."""
-    _load_builtin()
-    with _LOCK:
-        return sorted((e for es in _TABLE.values() for e in es), key=lambda e: (e.domain, e.op_type, e.since))
-
-
-def _known_versions(domain: str, op_type: str) -> str:
-    entries = _TABLE.get((_domain(domain), op_type))
-    if not entries:
-        return ""
-    ranges = ", ".join(f"{e.since}-{e.until}" if e.until else f"{e.since}+" for e in entries)
-    return f" (kiln converts opsets {ranges})"
-
-
-_BUILTIN_LOADED = False
-
-
-def _load_builtin() -> None:
-    global _BUILTIN_LOADED
-    if not _BUILTIN_LOADED:
-        _BUILTIN_LOADED = True
-        from kiln.relay.frontend import _onnx_math, _onnx_nn, _onnx_tensor  # noqa: F401  (they register)
-
 
 # ---------------------------------------------------------------------------
 # dtypes
 # ---------------------------------------------------------------------------
 
 _ONNX_DTYPES = {
-    1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-    10: "float16", 11: "float64", 16: "bfloat16",
+    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+    10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
 }
 
 
@@ -269,8 +145,10 @@ class OnnxNode:
     def _attribute(self, a: Any) -> Any:
         from onnx import AttributeProto, helper, numpy_helper
 
-        if a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
-            raise self.error(f"attribute {a.name!r} holds a subgraph; kiln does not import control flow")
+        if a.type == AttributeProto.GRAPH:
+            return a.g  # a converter imports it with `subgraph`
+        if a.type == AttributeProto.GRAPHS:
+            raise self.error(f"attribute {a.name!r} holds a list of subgraphs, which no ONNX op kiln converts takes")
         try:
             value = helper.get_attribute_value(a)
         except Exception as err:
@@ -321,6 +199,19 @@ class OnnxNode:
         if not isinstance(value, list | tuple) or not all(isinstance(v, int | np.integer) for v in value):
             raise self.error(f"attribute {name!r} must be a list of ints, found {value!r}")
         return [int(v) for v in value]
+
+    def subgraph(self, name: str, inputs: Sequence[Expr]) -> list[Expr]:
+        """The outputs of the subgraph in attribute `name` (an If branch, a Loop body), imported inline.
+
+        Its graph inputs take the expressions `inputs`, in order; its nodes also read the names of
+        the graphs around it. Importing a body once per iteration unrolls a loop.
+        """
+        graph = self.attr(name)
+        if not hasattr(graph, "node"):
+            raise self.error(f"attribute {name!r} must hold a graph")
+        if len(graph.input) != len(inputs):
+            raise self.error(f"the subgraph {name!r} takes {len(graph.input)} inputs, given {len(inputs)}")
+        return self._importer.import_subgraph(graph, inputs, f"the subgraph {name!r} of {self}")
 
     # -- inputs -----------------------------------------------------------------------
 
@@ -377,8 +268,16 @@ class OnnxNode:
         if value is None:
             index = e if isinstance(e, int) else next((i for i, x in enumerate(self.inputs) if x is e), None)
             label = f"input #{index}" if index is not None else "a value"
+            label += f" ({what})" if what else ""
+            behind = self._importer.graph_inputs_behind(expr)
+            if behind:
+                shown = ", ".join(repr(n) for n in behind)
+                raise OnnxValueNeededError(
+                    f"{self}: {label} decides a shape and is computed from the graph input(s) {shown} at run "
+                    f"time; run the model with relay.frontend.OnnxRunner, which compiles once per distinct "
+                    f"value of {shown}, or fix it with from_onnx(model, values={{...}})", behind)
             raise self.error(
-                f"{label}{f' ({what})' if what else ''} must be a constant (an initializer or computed from "
+                f"{label} must be a constant (an initializer or computed from "
                 "constants and static shapes); kiln compiles static shapes"
             )
         return value
@@ -400,14 +299,26 @@ class OnnxNode:
 
 
 class _EagerFolder(ExprMutator):
-    """Folds the new (untyped) part of an expression: calls whose arguments are all constants."""
+    """Folds what a converter built: calls whose arguments are all constants, bottom up.
+
+    `done` holds every node of the results converted so far (folded already):
+    they are not walked again. (Whether a node is typed says nothing: a
+    converter types what it builds when it asks for a shape.)
+    """
+
+    def __init__(self, done: dict[int, Expr]) -> None:
+        super().__init__()
+        self.done = done
 
     def visit(self, root: Expr) -> Expr:
-        memo = self.memo
-        for node in post_order(root, _typed):
+        memo, done = self.memo, self.done
+        for node in post_order(root, lambda n: id(n) in done):
             if id(node) not in memo:
-                memo[id(node)] = node if node.has_type and node is not root else self._rewrite(node)
-        return memo[id(root)]
+                memo[id(node)] = node if id(node) in done else self._rewrite(node)
+        result = memo[id(root)]
+        for node in post_order(result, lambda n: id(n) in done):
+            done[id(node)] = node  # (holding the node keeps its id from being reused)
+        return result
 
     def rewrite_call(self, node: Call, op: Op | Expr, args: tuple[Expr, ...]) -> Expr:
         new = super().rewrite_call(node, op, args)
@@ -423,18 +334,19 @@ class _EagerFolder(ExprMutator):
         return super().rewrite_tuple_getitem(node, value)
 
 
-def _typed(node: Expr) -> bool:
-    return node.has_type
-
-
 # ---------------------------------------------------------------------------
 # The importer
 # ---------------------------------------------------------------------------
 
 
 class _Importer:
-    def __init__(self, model: Any, shape: Mapping[str, Sequence[Any]], dtype: Any, freeze_params: bool) -> None:
+    def __init__(
+        self, model: Any, shape: Mapping[str, Sequence[Any]], dtype: Any, freeze_params: bool,
+        values: Mapping[str, Any],
+    ) -> None:
         self.model = model
+        self.fixed = dict(values)
+        self.folded: dict[int, Expr] = {}  # the nodes of converted results (see _EagerFolder)
         self.graph = model.graph
         self.shape_override = dict(shape)
         self.dtype_override = dtype
@@ -442,8 +354,6 @@ class _Importer:
         self.opsets: dict[str, int] = {}
         for imp in model.opset_import:
             self.opsets[_domain(_shown(imp.domain))] = int(imp.version)
-        if "" not in self.opsets:
-            raise OnnxImportError("the model imports no version of the default ONNX opset (opset_import is empty)")
         self.values: dict[str, Expr] = {}
         self.params: dict[str, np.ndarray] = {}
         self.param_values: dict[int, np.ndarray] = {}
@@ -518,15 +428,19 @@ class _Importer:
         clash = names & set(shown_params) or {n for n, count in Counter(shown_params).items() if count > 1}
         if clash:
             raise _shown_alike(sorted(clash))
-        unknown = sorted(set(self.shape_override) - names)
-        if unknown:
-            raise OnnxImportError(f"shape= names {unknown}, which are not inputs of the model; "
-                                  f"its inputs are {sorted(names)}")
+        for option, given in (("shape", self.shape_override), ("values", self.fixed)):
+            unknown = sorted(set(given) - names)
+            if unknown:
+                raise OnnxImportError(f"{option}= names {unknown}, which are not inputs of the model; "
+                                      f"its inputs are {sorted(names)}")
         for value_info in graph_inputs:
             v = self.input_var(value_info)
-            self.inputs.append(v)
-            self.values[_key(value_info.name)] = v
-        nodes = self.sorted_nodes(set(self.values))
+            if v.name_hint in self.fixed:
+                self.values[_key(value_info.name)] = self.fixed_value(v)
+            else:
+                self.inputs.append(v)
+                self.values[_key(value_info.name)] = v
+        nodes = self.sorted_nodes(list(self.graph.node), set(self.values))
         self.check_supported(nodes)
         for node in nodes:
             self.convert(node)
@@ -544,6 +458,25 @@ class _Importer:
         func = Function((*self.inputs, *self.param_vars), body)
         infer_type(func)
         return IRModule.from_expr(func), self.params
+
+    def fixed_value(self, v: Var) -> Constant:
+        """The value given for input `v` through `values=`, once it fits the type the model declares."""
+        array = np.asarray(self.fixed[v.name_hint])
+        t = v.type_annotation
+        assert isinstance(t, TensorType)
+        fits = array.ndim == len(t.shape) and all(not isinstance(d, int) or d == n for d, n in zip(
+            t.shape, array.shape, strict=True))
+        if DataType.of(array.dtype) != t.dtype or not fits:
+            raise OnnxImportError(f"values= gives input {v.name_hint!r} a {array.dtype} array of shape "
+                                  f"{array.shape}; the model declares {t}")
+        return Constant(np.array(array, order="C"), span=Span(v.name_hint))
+
+    def graph_inputs_behind(self, expr: Expr) -> list[str]:
+        """The names of the graph inputs that `expr` is computed from (free variables that are inputs)."""
+        from kiln.relay.analysis import free_vars
+
+        inputs = {id(v) for v in self.inputs}
+        return [v.name_hint for v in free_vars(expr) if id(v) in inputs]
 
     def check_output(self, value_info: Any, expr: Expr) -> Expr:
         """`expr`, once its dtype agrees with what the model declares for the graph output `value_info`.
@@ -588,10 +521,31 @@ class _Importer:
             shape = tuple(dims)
         return Var(name, TensorType(shape, dtype), span=Span(name))
 
-    def sorted_nodes(self, defined: set[str]) -> list[Any]:
+    def import_subgraph(self, graph: Any, inputs: Sequence[Expr], what: str) -> list[Expr]:
+        """The outputs of `graph` (a subgraph) with its inputs bound to `inputs`, converted in this scope."""
+        outer = self.values
+        self.values = dict(outer)
+        try:
+            for vi, e in zip(graph.input, inputs, strict=True):
+                self.values[_key(vi.name)] = e
+            for init in graph.initializer:
+                shown = _shown(init.name)
+                self.values[_key(init.name)] = Constant(self.tensor(init, f"initializer {shown!r} of {what}"),
+                                                        span=Span(shown))
+            nodes = self.sorted_nodes(list(graph.node), set(self.values))
+            self.check_supported(nodes)
+            for node in nodes:
+                self.convert(node)
+            missing = [_shown(o.name) for o in graph.output if _key(o.name) not in self.values]
+            if missing:
+                raise OnnxImportError(f"{what}: output(s) {missing} are not produced by any node or input")
+            return [self.values[_key(o.name)] for o in graph.output]
+        finally:
+            self.values = outer
+
+    def sorted_nodes(self, nodes: list[Any], defined: set[str]) -> list[Any]:
         """The nodes in an order where each reads only names defined before it; errors for dangling names."""
         producer: dict[str, int] = {}
-        nodes = list(self.graph.node)
         for i, node in enumerate(nodes):
             for out in map(_key, node.output):
                 if not out:
@@ -652,7 +606,8 @@ class _Importer:
             try:
                 result = entry.fn(node)
             except KilnError as err:
-                if isinstance(err, OnnxImportError) and str(node) in str(err):
+                named = isinstance(err, OnnxImportError) and str(node) in str(err)
+                if named or isinstance(err, OnnxValueNeededError):  # (one inside a subgraph names its own node)
                     raise
                 raise node.error(str(err)) from None
             except Exception as err:  # a converter tripped over a malformed node: still kiln's error, naming it
@@ -663,7 +618,7 @@ class _Importer:
                     continue
                 if expr is None:
                     raise node.error(f"output {name!r} is not supported by kiln's converter")
-                expr = _EagerFolder().visit(expr)
+                expr = _EagerFolder(self.folded).visit(expr)
                 self.values[name] = self.typed(expr, node)
 
     def outputs(self, node: OnnxNode, result: Any) -> list[Expr | None]:
@@ -733,6 +688,7 @@ def from_onnx(
     shape: Mapping[str, Sequence[Any]] | None = None,
     dtype: Any = None,
     freeze_params: bool = True,
+    values: Mapping[str, Any] | None = None,
 ) -> tuple[IRModule, dict[str, np.ndarray]]:
     """Converts an ONNX model to a Relay module and its parameters.
 
@@ -743,18 +699,24 @@ def from_onnx(
         dtype: the input dtype (a name), or input name → dtype; default: the model's.
         freeze_params: initializers become constants (True) or parameters of main whose
             values are returned in `params` (False).
+        values: input name → array: those inputs become constants holding these values (they
+            must fit the model's declared dtype and shape), so the values that decide shapes
+            (a Reshape's shape, TopK's k, ...) may be computed from them. `OnnxRunner` passes
+            them at run time.
 
     Returns:
         (mod, params): the typed module, and the initializers that are parameters.
 
     Raises:
         OnnxUnsupportedError: ops without a converter, all listed with the nodes that use them.
+        OnnxValueNeededError: a value that decides a shape is computed from graph inputs not in
+            `values`; its `names` lists them.
         OnnxImportError: a malformed model or a node that cannot be converted, naming the node.
     """
     model = load_model(model_or_path)
     if not model.HasField("graph"):
         raise OnnxImportError("the model has no graph")
-    return _Importer(model, shape or {}, dtype, freeze_params).import_graph()
+    return _Importer(model, shape or {}, dtype, freeze_params, values or {}).import_graph()
 
 
 __all__ = [
@@ -762,6 +724,7 @@ __all__ = [
     "OnnxImportError",
     "OnnxNode",
     "OnnxUnsupportedError",
+    "OnnxValueNeededError",
     "converters",
     "find_converter",
     "from_onnx",
