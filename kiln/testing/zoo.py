@@ -16,6 +16,7 @@ with onnxruntime, which the CNNs with batch norms therefore need to build).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,8 @@ ZOO: dict[str, tuple[Callable[..., Any], str]] = {
     "convnext_blocks": (convnext_blocks, "ConvNeXt-tiny, 224², 7x7 depthwise, LayerNorm over channels, GELU"),
     "vit_b16": (vit_b16, "ViT-B/16, 224², 4 pre-norm encoder layers, hidden 768, 12 heads, MLP 3072"),
     "bert_base": (bert_base, "BERT-base encoder, 2 post-norm layers, seq 128, token ids + attention mask"),
+    "bert_exported": (functools.partial(bert_base, exported=True), "bert_base as torch.onnx.export's dynamo "
+                      "exporter writes it: GatherND mask, GatherElements token types, Shape-driven Slices"),
     "gpt2_blocks": (gpt2_blocks, "GPT-2 small, 2 pre-norm blocks, seq 128, causal mask (Where), Tanh GELU"),
 }
 
@@ -45,6 +48,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "convnext_blocks": dict(image=32, depths=(2, 1), dims=(16, 32), classes=10),
     "vit_b16": dict(image=32, patch=8, hidden=64, heads=4, mlp=128, layers=2, classes=10),
     "bert_base": dict(seq=16, hidden=64, heads=4, ffn=128, layers=2, vocab=100),
+    "bert_exported": dict(seq=16, hidden=64, heads=4, ffn=128, layers=2, vocab=100),
     "gpt2_blocks": dict(seq=16, hidden=64, heads=4, layers=2),
 }
 

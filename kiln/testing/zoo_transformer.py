@@ -30,13 +30,14 @@ _I64 = np.int64
 
 
 def _attention(b: ZooBuilder, q: str, k: str, v: str, split: Callable[[str, bool], str],
-               merge: Callable[[str], str], scale: float, mask: Callable[[str], str] | None = None) -> str:
+               merge: Callable[[str], str], scale: float | str, mask: Callable[[str], str] | None = None) -> str:
     """softmax(q kᵀ / sqrt(d) + mask) v for projected (1, seq, hidden) q, k, v; returns (1, seq, hidden).
 
     `split(t, key)` gives the (1, heads, seq, d) heads, or (1, heads, d, seq) for the key;
     `merge` undoes it on the context.
     """
-    scores = b.node("Div", [b.node("MatMul", [split(q, False), split(k, True)]), b.scalar(scale)])
+    divisor = scale if isinstance(scale, str) else b.scalar(scale)
+    scores = b.node("Div", [b.node("MatMul", [split(q, False), split(k, True)]), divisor])
     if mask is not None:
         scores = mask(scores)
     probs = b.node("Softmax", [scores], axis=-1)
@@ -114,7 +115,7 @@ def vit_b16(seed: int = 0, image: int = 224, patch: int = 16, hidden: int = 768,
 
 
 def bert_base(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 12, ffn: int = 3072, layers: int = 2,
-              vocab: int = 30522, attention_mask: bool = True) -> Any:
+              vocab: int = 30522, attention_mask: bool = True, exported: bool = False) -> Any:
     """BERT-base's encoder (HF BertModel without the pooler) from (1, seq) int64 `input_ids`.
 
     Args:
@@ -126,6 +127,8 @@ def bert_base(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 12,
         layers: encoder layers.
         vocab: the word embedding's rows (the token ids are below it).
         attention_mask: take an int64 (1, seq) `attention_mask` input (1: attend, 0: padding).
+        exported: write the embeddings, the mask and the attention scale the way torch.onnx.export's
+            dynamo exporter writes HF transformers' (see `_exported_embeddings`), instead of folded.
 
     Returns:
         The model; its output is the last hidden state, (1, seq, hidden).
@@ -133,27 +136,79 @@ def bert_base(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 12,
     b = ZooBuilder(seed)
     b.metadata["kiln.zoo.vocab"] = str(vocab)
     ids = b.input("input_ids", [1, seq], b.onnx.TensorProto.INT64)
-    x = b.node("Gather", [b.normal("word_embeddings", (vocab, hidden), 1.0), ids], axis=0)
-    x = b.node("Add", [x, b.normal("token_type_embeddings", (1, seq, hidden), 0.5)])
-    x = b.node("Add", [x, b.normal("position_embeddings", (1, seq, hidden), 0.5)])
+    mask = b.input("attention_mask", [1, seq], b.onnx.TensorProto.INT64) if attention_mask else None
+    if exported:
+        x, add_mask, scale = _exported_embeddings(b, ids, mask, hidden, heads)
+    else:
+        x = b.node("Gather", [b.normal("word_embeddings", (vocab, hidden), 1.0), ids], axis=0)
+        x = b.node("Add", [x, b.normal("token_type_embeddings", (1, seq, hidden), 0.5)])
+        x = b.node("Add", [x, b.normal("position_embeddings", (1, seq, hidden), 0.5)])
+        add_mask, scale = None, b.scalar(float(np.sqrt(hidden // heads)))
+        if mask is not None:
+            m = b.node("Cast", [b.node("Unsqueeze", [mask, b.ints([1, 2])])], to=b.float)
+            m = b.node("Mul", [b.node("Sub", [b.scalar(1.0), m]), b.scalar(-10000.0)])
+
+            def add_mask(scores: str) -> str:
+                return b.node("Add", [scores, m])
+
     x = b.layer_norm(x, hidden, eps=1e-12)
-    add_mask = None
-    if attention_mask:
-        m = b.input("attention_mask", [1, seq], b.onnx.TensorProto.INT64)
-        m = b.node("Cast", [b.node("Unsqueeze", [m, b.ints([1, 2])])], to=b.float)
-        m = b.node("Mul", [b.node("Sub", [b.scalar(1.0), m]), b.scalar(-10000.0)])
-
-        def add_mask(scores: str) -> str:
-            return b.node("Add", [scores, m])
-
     split, merge = _dynamic_heads(b, hidden, heads)
     for _ in range(layers):
         ctx = _attention(b, b.linear(x, hidden, hidden), b.linear(x, hidden, hidden), b.linear(x, hidden, hidden),
-                         split, merge, float(np.sqrt(hidden // heads)), add_mask)
+                         split, merge, scale, add_mask)
         x = b.layer_norm(b.node("Add", [b.linear(ctx, hidden, hidden), x]), hidden, eps=1e-12)
         h = b.linear(b.gelu(b.linear(x, hidden, ffn)), ffn, hidden)
         x = b.layer_norm(b.node("Add", [h, x]), hidden, eps=1e-12)
-    return b.model("bert_base", [], x, [1, seq, hidden])
+    return b.model("bert_exported" if exported else "bert_base", [], x, [1, seq, hidden])
+
+
+def _exported_embeddings(b: ZooBuilder, ids: str, mask: str | None, hidden: int,
+                         heads: int) -> tuple[str, Callable[[str], str] | None, str]:
+    """BERT's embeddings, padding mask and attention scale as the dynamo exporter writes them.
+
+    - position ids: the registered `position_ids` buffer sliced to the sequence length read
+      from Shape; token type ids: the zero buffer gathered at them (`buffer.gather(1, pos)`,
+      GatherElements); each looked up in its embedding table (Gather).
+    - the padding mask: transformers' mask function indexes the mask at (batch, kv) index grids
+      built from Range and Expand (`padding_mask[batch_idx, kv_idx]`: GatherND), then Where
+      puts float32's minimum on padding.
+    - the scale 1/sqrt(head dim) computed from the query's Shape (Sqrt, Reciprocal).
+    Returns the summed embeddings, the mask function and the divisor of the scores.
+    """
+    max_positions = 512
+    i64 = b.onnx.TensorProto.INT64
+    vocab = int(b.metadata["kiln.zoo.vocab"])
+    shape = b.node("Shape", [ids])
+    batch = b.node("Gather", [shape, b.const(b.fresh("idx"), np.array(0, _I64))], axis=0)
+    length = b.node("Gather", [shape, b.const(b.fresh("idx"), np.array(1, _I64))], axis=0)
+    positions = b.const("position_ids", np.arange(max_positions, dtype=_I64)[None])
+    pos = b.node("Slice", [positions, b.ints([0]), b.node("Unsqueeze", [length, b.ints([0])]), b.ints([1])])
+    types = b.node("GatherElements", [b.const("token_type_ids", np.zeros((1, max_positions), _I64)), pos], axis=1)
+    x = b.node("Gather", [b.normal("word_embeddings", (vocab, hidden), 1.0), ids], axis=0)
+    x = b.node("Add", [x, b.node("Gather", [b.normal("token_type_embeddings", (2, hidden), 0.5), types], axis=0)])
+    x = b.node("Add", [x, b.node("Gather", [b.normal("position_embeddings", (max_positions, hidden), 0.5), pos],
+                                axis=0)])
+    head_dim = b.node("Cast", [b.node("Div", [b.node("Constant", [], value=b.onnx.helper.make_tensor(
+        b.fresh("hidden"), i64, [], [hidden])), b.const(b.fresh("heads"), np.array(heads, _I64))])], to=b.float)
+    scale = b.node("Reciprocal", [b.node("Reciprocal", [b.node("Sqrt", [head_dim])])])  # sqrt(d), as 1 / (1 / ...)
+    if mask is None:
+        return x, None, scale
+    one, zero = b.const(b.fresh("one"), np.array(1, _I64)), b.const(b.fresh("zero"), np.array(0, _I64))
+    grid = b.node("Concat", [b.node("Unsqueeze", [batch, b.ints([0])]), b.ints([1, 1]),
+                             b.node("Unsqueeze", [length, b.ints([0])])], axis=0)
+    batch_idx = b.node("Expand", [b.node("Reshape", [b.node("Range", [zero, batch, one]), b.ints([-1, 1, 1, 1])]),
+                                  grid])
+    kv_idx = b.node("Expand", [b.node("Reshape", [b.node("Range", [zero, length, one]), b.ints([1, 1, 1, -1])]),
+                               grid])
+    index = b.node("Concat", [b.node("Unsqueeze", [batch_idx, b.ints([-1])]),
+                              b.node("Unsqueeze", [kv_idx, b.ints([-1])])], axis=-1)
+    keep = b.node("GatherND", [b.node("Cast", [mask], to=b.onnx.TensorProto.BOOL), index])
+    bias = b.node("Where", [keep, b.scalar(0.0), b.scalar(float(np.finfo(np.float32).min))])
+
+    def add_mask(scores: str) -> str:
+        return b.node("Add", [scores, bias])
+
+    return x, add_mask, scale
 
 
 def gpt2_blocks(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 12, layers: int = 2) -> Any:

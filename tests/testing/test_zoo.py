@@ -98,3 +98,13 @@ def test_small_zoo_model_compiles_to_cubins_for_sm80_and_sm90(name: str) -> None
         assert lib.kernels
         for kernel in lib.kernels:
             assert read_cubin(kernel.cubin).sm == int(arch[3:]), (name, kernel.name)
+
+
+def test_bert_as_the_dynamo_exporter_writes_it_matches_onnxruntime_within_1e_4() -> None:
+    model = zoo.build("bert_exported", small=True, seq=24)
+    ops = {n.op_type for n in model.graph.node}
+    assert {"GatherND", "GatherElements", "Reciprocal", "Range", "Expand", "Shape", "Slice"} <= ops
+    feed = zoo.inputs(model, seed=2)
+    (want,) = _ort(model, feed)
+    got = relay.frontend.OnnxRunner(model)(**feed)
+    assert np.abs(got - want).max() <= 1e-4
