@@ -318,3 +318,21 @@ def test_old_opsets_read_attributes() -> None:
     s = x[:, 1:, -3:-1]
     np.testing.assert_array_equal(b, s[:, 1:2])
     np.testing.assert_array_equal(p, np.pad(s[:, 0:1], ((0, 0), (1, 0), (0, 0)), constant_values=9.0))
+
+
+def test_integer_shape_arithmetic_of_a_channel_split_folds_to_constants() -> None:
+    # ShuffleNetV2's TorchScript export of x[:, : channels // 2]: Shape → Gather → Add → Div → Mul → Slice
+    x = np.arange(2 * 6 * 3, dtype=np.float32).reshape(2, 6, 3)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "one"], ["c"], axis=0),
+        helper.make_node("Add", ["c", "zero"], ["c0"]),
+        helper.make_node("Div", ["c0", "two"], ["half"]),
+        helper.make_node("Mul", ["half", "one"], ["end"]),
+        helper.make_node("Slice", ["x", "zeros", "end", "axes"], ["y"]),
+    ]
+    inits = {"one": np.array([1], np.int64), "zero": np.array([0], np.int64), "two": np.array([2], np.int64),
+             "zeros": np.array([0], np.int64), "axes": np.array([1], np.int64)}
+    mod, params = relay.frontend.from_onnx(model(nodes, {"x": x}, ["y"], inits))
+    assert "divide" not in str(mod) and "floor_divide" not in str(mod)  # folded, not computed at run time
+    np.testing.assert_array_equal(relay.build(mod, params=params).create_executor()(x=x), x[:, :3])
