@@ -60,8 +60,8 @@ class OnnxRunner:
         self._shape = shape
         self._dtype = dtype
         self._max = max(1, max_specializations)
-        self.input_names = [_shown(i.name) for i in self.model.graph.input
-                            if i.name not in {init.name for init in self.model.graph.initializer}]
+        initializers = {init.name for init in self.model.graph.initializer}
+        self.input_names = [_shown(i.name) for i in self.model.graph.input if i.name not in initializers]
         self.value_inputs: tuple[str, ...] = ()  # the inputs whose values decide shapes
         self._executors: OrderedDict[Key, Any] = OrderedDict()
         self._lock = threading.Lock()
