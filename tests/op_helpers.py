@@ -174,3 +174,16 @@ def assert_outputs_match(op: str, got: list[np.ndarray], want: list[np.ndarray],
             np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=op)
         else:
             np.testing.assert_array_equal(g, w, err_msg=op)
+
+
+def vnni_packed_words(b: np.ndarray) -> np.ndarray:
+    """vnni_packed's words, written independently: word [c, q, l] holds b[4q + j, 16c + l] as its byte j."""
+    k, n = b.shape
+    k4, nb = -(-k // 4), -(-n // 16)
+    out = np.zeros((nb, k4, 16), np.int64)
+    for j in range(4):
+        rows = np.zeros((k4, 16 * nb), np.int64)
+        part = b[j::4].astype(np.uint8).astype(np.int64)
+        rows[:part.shape[0], :n] = part
+        out += rows.reshape(k4, nb, 16).transpose(1, 0, 2) << (8 * j)
+    return out.astype(np.uint32).view(np.int32)

@@ -33,6 +33,8 @@ _CALLS: dict[str, Any] = {
     "cos": math.cos,
     "fma": lambda a, b, c: a * b + c,
     "isnan": math.isnan,
+    "dot4_u8i8": lambda a, b: int(np.dot(np.array([a], "int32").view("uint8").astype(np.int64),
+                                         np.array([b], "int32").view("int8").astype(np.int64))),
 }
 
 

@@ -199,6 +199,12 @@ template <> __device__ __forceinline__ double kiln_min<double>(double a, double 
 template <> __device__ __forceinline__ double kiln_max<double>(double a, double b) {
   return (isnan(a) || isnan(b)) ? a + b : fmax(a, b);
 }
+// The sum over the 4 bytes of (a's byte, unsigned) * (b's byte, signed): tir's dot4_u8i8.
+__device__ __forceinline__ int kiln_dot4_u8i8(int a, int b) {
+  int s = 0;
+  for (int j = 0; j < 32; j += 8) s += (int)(((unsigned)a >> j) & 255u) * (int)(signed char)(((unsigned)b >> j) & 255u);
+  return s;
+}
 // A float converted to a narrow integer saturates (NaN to 0), as the llvm back end's fptosi.sat.
 template <typename T, typename F> __device__ __forceinline__ T kiln_saturate(F v, int lo, int hi) {
   return isnan(v) ? T(0) : (v <= F(lo) ? T(lo) : (v >= F(hi) ? T(hi) : T(v)));
@@ -562,6 +568,8 @@ class _KernelWriter:
         args = e.args
         dt = args[0].dtype if args else e.dtype
         cuda_types.ctype(dt)
+        if e.name == "dot4_u8i8":  # x86's vpdpbusd lane (the CPU's int8 products); plain C here
+            return f"kiln_dot4_u8i8({self.expr(args[0])}, {self.expr(args[1])})"
         if e.name == "reinterpret":
             if "float16" in (dt, e.dtype):
                 self.uses_half = True

@@ -47,7 +47,7 @@ import attrs
 import llvmlite.ir as ir
 import numpy as np
 
-from kiln.codegen import llvm_int, llvm_lanes, llvm_math, llvm_process
+from kiln.codegen import llvm_int, llvm_lanes, llvm_math, llvm_process, llvm_x86
 from kiln.codegen.jit import CodegenError
 from kiln.ir import graph
 from kiln.runtime import linker, pool
@@ -202,6 +202,7 @@ class CodeGenLLVM:
         else:
             self.vector_bits = 128
         self.f16c = linker.has_feature(target, "f16c")
+        self.vnni = self.avx512 and linker.has_feature(target, "avx512vnni")  # vpdpbusd (llvm_x86)
         self.num_threads = int(target.get("num-cores", 1))
         self.module = ir.Module()
         self.f: _Func
@@ -394,6 +395,10 @@ class CodeGenLLVM:
             return
         if s.kind is ForKind.PARALLEL and not self.f.in_parallel and self.num_threads > 1:
             self._parallel(s)
+            return
+        dot = llvm_x86.match_dot_loop(s) if self.vnni else None
+        if dot is not None:
+            llvm_x86.emit_dot_loop(self, s, dot)
             return
         width = self._vector_width(s)
         if width and isinstance(s.min, IntImm) and isinstance(s.extent, IntImm) and s.extent.value % width:
@@ -639,6 +644,8 @@ class CodeGenLLVM:
                 raise CodegenError(f"intrinsic {e.name} on {dt}: the llvm back end computes float32/float64")
             # float16 is in float32 registers: float32 math
             return llvm_math.emit_float_call(b, e.name, args, scalef=self.avx512)
+        if e.name == llvm_x86.DOT4:
+            return llvm_x86.dot4(b, *args)
         if e.name == "abs":
             return b.select(b.icmp_signed("<", args[0], ir.Constant(args[0].type, 0)),
                             b.sub(ir.Constant(args[0].type, 0), args[0]), args[0]) if _signed(dt) else args[0]

@@ -320,13 +320,15 @@ def _shape(values: Any) -> tuple[PrimExpr, ...]:
 INTRINSICS = frozenset(
     {
         "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "pow", "floor", "ceil", "round",
-        "abs", "sin", "cos", "fma", "isnan", "prefetch", "reinterpret",
+        "abs", "sin", "cos", "fma", "isnan", "prefetch", "reinterpret", "dot4_u8i8",
     }
 )
 # `reinterpret(x, dtype=d)` is x's bits read as dtype d (C++'s bit_cast, numpy's `.view`): d and x's dtype
 # have one width. bool and bfloat16 have no bits of their own here, so it takes neither.
 # `prefetch(buf[i])` (int32, for an Evaluate) hints that the cache line holding buf[i] will be read
 # soon; the load is never performed, so the index may lie past the buffer.
+# `dot4_u8i8(a, b)` (int32 of two int32) sums the products of a's four bytes, read unsigned, with b's, read
+# signed, byte j with byte j (little-endian): AVX-512 VNNI's vpdpbusd does 16 of them per instruction.
 
 
 @attrs.frozen(eq=False, repr=False)
@@ -594,6 +596,8 @@ def call(name: str, *args: ExprLike, dtype: str | None = None) -> PrimExpr:
         if len(exprs) != 1:
             raise TIRError(f"reinterpret takes one value, got {len(exprs)}")
         return reinterpret(exprs[0], dtype)
+    if name == "dot4_u8i8" and (len(exprs) != 2 or any(x.dtype != "int32" for x in exprs)):
+        raise TIRError(f"dot4_u8i8 takes two int32 values (four bytes each), got {exprs!r}")
     return Call(dtype or exprs[0].dtype, name, exprs)
 
 

@@ -15,7 +15,10 @@ qnn.matmul_integer and qnn.conv_integer accumulate `(x - x_zero_point) * (w -
 w_zero_point)` in int32, the operands widened inside the reduction (the conv's
 input is first copied, less its zero point, into a padded int16 tensor). On
 llvm both are scheduled as register tiles of int32 sums, vectorized along the
-output's last axis (`_schedule_integer_product`); elsewhere by their pattern.
+output's last axis (`_schedule_integer_product`); elsewhere by their pattern. On llvm with
+AVX-512 VNNI, uint8 x int8 matmul_integer becomes qnn.matmul_vnni: b in the words of vpdpbusd (packed
+at build time when constant), a.b summed 64 byte products per instruction (`codegen.llvm_x86`), the zero
+points subtracted after, through row and column sums.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from kiln.ir.attrs import Attrs, int_range, int_tuple, to_int_tuple
 from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import OpPattern, attr, register_op
-from kiln.relay.expr import Call, Expr, call
+from kiln.relay.expr import Call, Constant, Expr, call
+from kiln.relay.op import reduce
 from kiln.relay.op._nn_util import Array, clamp, differ, dtype_of, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, broadcast_shapes, normalize_axis, tensor_args
@@ -41,12 +45,16 @@ from kiln.relay.op._schedule import (
     divisor_at_most,
     op_attr,
     reduce_extent,
+    schedule_injective_stage,
     split_epilogue,
     static_size,
     vector_lanes,
     worth_parallel,
 )
 from kiln.relay.op.conv import dtype_or_none, optional_dtype
+from kiln.relay.op.nn import pad as nn_pad
+from kiln.relay.op.shape import reshape, transpose
+from kiln.relay.op.tensor import cast, multiply, reinterpret
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 
@@ -418,6 +426,19 @@ def _schedule_integer_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor]
         inner.vectorize(tile[-1])
 
 
+def _matmul_integer_alter_llvm(attrs: Any, args: list[Expr], arg_types: list[Type], target: Any) -> Expr | None:
+    """On llvm with AVX-512 VNNI, static uint8 a times a static int8 matrix b is qnn.matmul_vnni (below) of b
+    packed (`vnni_packed`, computed at build time when b is a constant): 64 products per vpdpbusd."""
+    a, b = arg_types[:2]
+    mattr = target.get("mattr") or ()
+    if not ("+avx512f" in mattr and "+avx512vnni" in mattr and isinstance(a, TensorType)
+            and isinstance(b, TensorType) and str(a.dtype) == "uint8" and str(b.dtype) == "int8" and b.ndim == 2
+            and all(isinstance(d, int) for d in (*a.shape, *b.shape))):
+        return None
+    k, n = b.concrete_shape
+    return matmul_vnni(args[0], vnni_packed(args[1], k, n), args[2], args[3], units=n)
+
+
 (register_op("qnn.matmul_integer")
     .describe("(a - a_zero_point) @ (b - b_zero_point) accumulated in int32; batch dims broadcast")
     .add_argument("a", "Tensor", "int8 / uint8, (..., M, K)")
@@ -429,7 +450,8 @@ def _schedule_integer_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor]
     .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
     .set_attr(attr.FReference, _matmul_integer_ref)
     .set_attr(attr.FCompute, _matmul_integer_compute)
-    .set_attr(attr.FSchedule["llvm"], _schedule_integer_product))
+    .set_attr(attr.FSchedule["llvm"], _schedule_integer_product)
+    .set_attr(attr.FAlterOpLayout["llvm"], _matmul_integer_alter_llvm))
 
 
 @constructor("qnn.matmul_integer")
@@ -446,6 +468,171 @@ def matmul_integer(a: Expr, b: Expr, a_zero_point: Expr, b_zero_point: Expr) -> 
         The call, int32 of shape (..., M, N) (batch dims broadcast).
     """
     return call("qnn.matmul_integer", [a, b, a_zero_point, b_zero_point])
+
+
+# --- qnn.matmul_integer on AVX-512 VNNI: qnn.matmul_vnni ------------------------------------------
+
+VNNI_LANES = 16  # the int32 lanes of a vpdpbusd; each sums the products of 4 consecutive k
+
+
+def _word(byte: Any) -> PrimExpr:
+    """int32 of the four bytes `byte(j)` (int64 in [0, 256)), byte j at bits 8j: dot4_u8i8's operand."""
+    return te.cast(sum((byte(j) * (1 << 8 * j) for j in range(1, 4)), byte(0)), "int32")  # wraps, as the bits
+
+
+def vnni_packed(b: Expr, k: int, n: int) -> Expr:
+    """int8 `b` (K, N) as the words that qnn.matmul_vnni reads: int32 (ceil(N/16), ceil(K/4), 16), byte j
+    of word [c, q, l] b[4q + j, 16c + l] (zero past K and N). Made of existing ops, which FoldConstant
+    computes at build time when b is a constant."""
+    k4, nb = -(-k // 4), -(-n // VNNI_LANES)
+    x = nn_pad(cast(reinterpret(b, "uint8"), "int64"), ((0, 4 * k4 - k), (0, VNNI_LANES * nb - n)),
+               Constant(np.array(0, np.int64)))
+    x = transpose(reshape(x, (k4, 4, nb, VNNI_LANES)), (2, 0, 3, 1))  # (N/16, K/4, 16, 4)
+    bits = Constant(np.array([1, 1 << 8, 1 << 16, 1 << 24], np.int64))
+    return cast(reduce.sum(multiply(x, bits), axis=-1), "int32")  # the cast wraps: the word's bits
+
+
+@attrs.frozen
+class MatmulVnniAttrs(Attrs):
+    """Attributes of qnn.matmul_vnni."""
+
+    units: int = attrs.field(default=1, validator=int_range(1), metadata={
+        "doc": "N, the columns of b (its packed form rounds them up to 16)"})
+
+
+def _matmul_vnni_rel(arg_types: list[Type], attrs: MatmulVnniAttrs) -> Type | None:
+    tensors = tensor_args(arg_types)
+    if tensors is None:
+        return None
+    a, bp, za, zb = tensors
+    if str(a.dtype) != "uint8" or a.ndim < 2 or not all(isinstance(d, int) for d in a.shape):
+        raise RelationError(f"expected a static uint8 tensor (..., M, K), found {a}", arg=0)
+    k, n = a.concrete_shape[-1], attrs.units
+    want = (-(-n // VNNI_LANES), -(-k // 4), VNNI_LANES)
+    if str(bp.dtype) != "int32" or bp.shape != want:
+        raise RelationError(f"expected b packed by vnni_packed, int32 {want} (K={k}, N={n}), found {bp}", arg=1)
+    _vector_zero_point(za, a, a.shape[-2], "one per row of a", 2)
+    if str(zb.dtype) != "int8" or not (_single(zb.shape) or zb.shape == (n,)):
+        raise RelationError(f"expected an int8 zero point, a scalar or ({n},), found {zb}", arg=3)
+    return TensorType((*a.shape[:-1], n), "int32")
+
+
+def _matmul_vnni_ref(attrs: MatmulVnniAttrs, a: Array, bp: Array, za: Array, zb: Array) -> Array:
+    nb, k4, _ = bp.shape
+    b = bp.view(np.int8).reshape(nb, k4, VNNI_LANES, 4).transpose(1, 3, 0, 2).reshape(4 * k4, -1)
+    return _matmul_integer_ref(attrs, a, b[:a.shape[-1], :attrs.units], za, zb)
+
+
+def _matmul_vnni_compute(attrs: MatmulVnniAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
+    """sum (a - za)(b - zb) = sum a.b - zb * (row sum of a) - za * (column sum of b) + K za zb: the sums of
+    a.b are whole dot4_u8i8 words (K padded with zeros), one vpdpbusd per 16 columns and 4 k."""
+    a, bp, za, zb = inputs
+    *batch, m, k = tensor_shape(a)
+    nb, k4, _ = tensor_shape(bp)
+    keep = {KEEP: True}
+
+    def a_word(*i: PrimExpr) -> PrimExpr:
+        def byte(j: int) -> PrimExpr:
+            col = i[-1] * 4 + j
+            at = (*i[:-1], clamp(col, k) if k % 4 else col)  # K padded with zeros to whole words
+            value = te.cast(a[at], "int64")
+            return te.if_then_else(col < k, value, te.const(0, "int64")) if k % 4 else value
+
+        return _word(byte)
+
+    words = te.compute((*batch, m, k4), a_word, name="vnni_a_words", attrs=keep)
+    ones = te.const(0x01010101, "int32")  # dot4_u8i8 with it sums the other operand's 4 bytes
+    r = [te.reduce_axis((0, k4), name=f"k4_{j}") for j in range(3)]
+
+    def dot(*i: PrimExpr) -> PrimExpr:
+        row = (*i[:-2], r[0])
+        return te.sum(tx.call("dot4_u8i8", words[row], bp[i[-2], r[0], i[-1]]), axis=r[0])
+
+    def row_sum(*i: PrimExpr) -> PrimExpr:
+        row = (*i, r[2])
+        return te.sum(tx.call("dot4_u8i8", words[row], ones), axis=r[2])
+
+    sums = te.compute((*batch, m, nb, VNNI_LANES), dot, name="vnni_sums", attrs=keep)
+    col_sums = te.compute((nb, VNNI_LANES), lambda j, lane: te.sum(
+        tx.call("dot4_u8i8", ones, bp[j, r[1], lane]), axis=r[1]), name="vnni_column_sums", attrs=keep)
+    row_sums = te.compute((*batch, m), row_sum, name="vnni_row_sums", attrs=keep)
+
+    def out(*i: PrimExpr) -> PrimExpr:
+        row, col = i[-2:]
+        zr, zc = _vector_at(za, row), _vector_at(zb, col)
+        j, lane = col // VNNI_LANES, col % VNNI_LANES
+        at = (*i[:-1], j, lane)
+        return sums[at] - zc * row_sums[i[:-1]] - zr * col_sums[j, lane] + zr * zc * k
+
+    return [te.compute(static_shape(out_type), out, name="matmul_vnni",
+                       attrs={"vnni": (words, sums, col_sums, row_sums)})]
+
+
+def _schedule_vnni(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                   target: Any) -> None:
+    """Register tiles of up to 4 rows by 4 vectors of 16 sums (16 zmm accumulators), k outermost in the
+    tile, its lanes one vpdpbusd (`codegen.llvm_x86`); the tiles of a column panel (64 columns of b,
+    reused from cache) are consecutive, the panels on the cores."""
+    (c,) = anchor_outs
+    words, sums, col_sums, _ = op_attr(c, "vnni")
+    schedule_injective_stage(sch, words)
+    cs = sch[col_sums]
+    cs.reorder(cs.op.axis[0], *cs.op.reduce_axis, cs.op.axis[1])
+    cs.vectorize(cs.op.axis[1])
+    *_, m, nb, _ = tensor_shape(sums)
+    stage = sch[sums]
+    tile = sch.cache_write(sums, "local")
+    *bat, sm, sj, lane = stage.op.axis
+    jo, ji = stage.split(sj, factor=divisor_at_most(nb, 4))
+    mo, mi = stage.split(sm, factor=divisor_at_most(m, 4))
+    stage.reorder(*bat, jo, mo, mi, ji, lane)
+    outer = stage.fuse(*bat, jo, mo)
+    if worth_parallel(math.prod(tensor_shape(sums)) * reduce_extent(sums) * 4):
+        stage.parallel(outer)
+    stage.vectorize(lane)
+    inner = sch[tile]
+    inner.compute_at(stage, outer)
+    *_, tm, tj, tl = inner.op.axis
+    inner.reorder(*inner.op.reduce_axis, tm, tj, tl)
+    inner.unroll(tm)
+    inner.unroll(tj)
+    inner.vectorize(tl)
+    for t in outs:
+        schedule_injective_stage(sch, t)
+
+
+(register_op("qnn.matmul_vnni")
+    .describe("qnn.matmul_integer of uint8 a and int8 b packed (vnni_packed): AVX-512 VNNI's form")
+    .add_argument("a", "Tensor", "uint8, (..., M, K)")
+    .add_argument("b_packed", "Tensor", "int32 (N/16, K/4, 16), vnni_packed(b) of int8 b (K, N)")
+    .add_argument("a_zero_point", "Tensor", "uint8: a scalar, or (M,) one per row")
+    .add_argument("b_zero_point", "Tensor", "int8: a scalar, or (N,) one per column")
+    .set_attrs_type(MatmulVnniAttrs)
+    .add_type_rel("MatmulVnni", _matmul_vnni_rel)
+    .set_support_level(10)
+    .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
+    .set_attr(attr.FReference, _matmul_vnni_ref)
+    .set_attr(attr.FCompute, _matmul_vnni_compute)
+    .set_attr(attr.FSchedule["llvm"], _schedule_vnni))
+
+
+@constructor("qnn.matmul_vnni")
+def matmul_vnni(a: Expr, b_packed: Expr, a_zero_point: Expr, b_zero_point: Expr, units: int = 1) -> Call:
+    """qnn.matmul_integer(a, b, ...) with b = the int8 matrix that `b_packed` = vnni_packed(b, K, N) holds.
+
+    Args:
+        a: uint8, (..., M, K), static.
+        b_packed: int32 (ceil(N/16), ceil(K/4), 16), `vnni_packed(b, K, N)`.
+        a_zero_point: uint8, a scalar or (M,).
+        b_zero_point: int8, a scalar or (N,).
+        units: N.
+
+    Returns:
+        The call, int32 (..., M, N).
+    """
+    return call("qnn.matmul_vnni", [a, b_packed, a_zero_point, b_zero_point],
+                MatmulVnniAttrs.make("qnn.matmul_vnni", units=units))
+
 
 
 # --- qnn.conv_integer -------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import cuda_standin
 import numpy as np
 import pytest
 from cuda_standin import FAKE_CUPY, HostArray, gpu, needs_gxx
-from op_helpers import assert_outputs_match, compile_op, reference_outputs, run_on_device
+from op_helpers import assert_outputs_match, compile_op, reference_outputs, run_on_device, vnni_packed_words
 
 from kiln import relay
 from kiln.registry import Op, attr
@@ -300,6 +300,9 @@ ONNX_CASES: list[Case] = [
                             ints(2, 6, lo=0, hi=256, dtype="uint8")), {"axis": 0, "block_size": 3}),
     Case("qnn.matmul_integer", (ints(2, 3, 7, lo=-128, hi=128, dtype="int8"), ints(7, 5, lo=0, hi=256, dtype="uint8"),
                                 ints(3, lo=-128, hi=128, dtype="int8"), ints(5, lo=0, hi=256, dtype="uint8"))),
+    Case("qnn.matmul_vnni", (ints(3, 7, lo=0, hi=256, dtype="uint8"),
+                             vnni_packed_words(ints(7, 5, lo=-128, hi=128, dtype="int8")),
+                             np.array(3, "uint8"), np.array(-2, "int8")), {"units": 5}),
     Case("qnn.conv_integer", (ints(1, 4, 6, 7, lo=0, hi=256, dtype="uint8"),
                               ints(6, 2, 3, 3, lo=-128, hi=128, dtype="int8"), np.array(17, "uint8"),
                               ints(6, lo=-128, hi=128, dtype="int8")),
@@ -332,8 +335,8 @@ HOST_RUN = [
     "add-float16", "exp-float16", "sum-float16", "nn.dense-int8", "image.resize-float16",  # other dtypes
     "prod", "nn.softmax-float16", *(c.id for c in ROW_CASES),  # rows over threads
     # ONNX breadth: the scans, a scatter, topk, an integer product, sampling and pooling with indices
-    "cumsum", "cumprod", "scatter_nd", "topk", "qnn.matmul_integer", "image.grid_sample", "nn.roi_align",
-    "nn.max_pool2d_argmax",
+    "cumsum", "cumprod", "scatter_nd", "topk", "qnn.matmul_integer", "qnn.matmul_vnni", "image.grid_sample",
+    "nn.roi_align", "nn.max_pool2d_argmax",
 ]
 
 
