@@ -51,6 +51,10 @@ def test_ops_json_lists_each_op_once_with_its_schema(capsys: pytest.CaptureFixtu
     assert pad["arguments"] == [{"name": "data", "type": "Tensor", "description": "input"}]
     assert pad["support_level"] == 2
     assert pad["attr_keys"] == ["TOpPattern"]
+    assert pad["gradient"] == "missing"
+    equal = next(r for r in records if r["name"] == "equal")
+    assert equal["gradient"].startswith("none: ")  # why, from its TNonDifferentiable
+    assert next(r for r in records if r["name"] == "exp")["gradient"] == "registered"
     assert pad["attrs_type"] == "PadAttrs"
     assert pad["attrs"] == [
         {"name": "pad_width", "type": "tuple[int, ...]", "required": True, "default": None,

@@ -137,6 +137,10 @@ FAlterOpLayout: AttrKey[Callable[..., Any]] = AttrKey(
 FPrimalGradient: AttrKey[Callable[..., Any]] = AttrKey(
     "FPrimalGradient", "a callable", is_callable, "(call, output_grad) -> list of input gradients"
 )
+TNonDifferentiable: AttrKey[str] = AttrKey(
+    "TNonDifferentiable", "a str", instance_of(str),
+    "why the op has no gradient (comparisons, argmax, integer shape ops): asking for one names the op and this",
+)
 TOpIsStateful: AttrKey[bool] = AttrKey(
     "TOpIsStateful", "a bool", instance_of(bool), "the op has side effects; passes must keep it"
 )
@@ -152,6 +156,7 @@ OP_ATTR_KEYS: tuple[AttrKey[Any], ...] = (
     FStrategy,
     FAlterOpLayout,
     FPrimalGradient,
+    TNonDifferentiable,
     TOpIsStateful,
     FReference,
 )

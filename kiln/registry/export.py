@@ -81,7 +81,18 @@ def op_record(op: Op) -> dict[str, Any]:
         "attrs": attrs_schema(meta.attrs_type),
         "support_level": meta.support_level,
         "attr_keys": sorted(op_registry().attrs_of(op)),
+        "gradient": gradient_status(op),
     }
+
+
+def gradient_status(op: Op) -> str:
+    """"registered", "none: <why>" (the op's TNonDifferentiable) or "missing": what reverse mode finds."""
+    slots = op_registry().attrs_of(op)
+    if "FPrimalGradient" in slots:
+        return "registered"
+    if "TNonDifferentiable" in slots:
+        return f"none: {slots['TNonDifferentiable'].value}"
+    return "missing"
 
 
 def export_json(indent: int | None = 2) -> str:

@@ -25,6 +25,7 @@ from kiln.ir.attrs import Attrs, float_value, to_dtype
 from kiln.ir.dtype import DataType
 from kiln.registry import Op, OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op import tensor_grad as G
 from kiln.relay.op._reg import constructor, elementwise_compute, register_binary, register_unary
 from kiln.relay.op._rel import (
     DTypeRule,
@@ -107,29 +108,45 @@ def _sign(x: PrimExpr) -> PrimExpr:
 
 
 TeExpr = Callable[..., PrimExpr]
+# An op's gradient: its FPrimalGradient (tensor_grad.py), or the reason it has none (TNonDifferentiable).
+# No gradient flows into integer or bool values, so an op whose outputs are never float has none.
+Grad = G.GradFn | str
+_COMPARISON = "a comparison: its bool output is piecewise constant, with no gradient"
+_BOOLEAN = "a logical op: its inputs and output are bool"
+_BITWISE = "an op on the bits of integers: integer values carry no gradient"
 
-_UNARY: list[tuple[str, str, Callable[..., Any], DTypeRule, TeExpr]] = [
-    # name, description, numpy function, dtype rule, te expression of the element
-    ("negative", "-x", np.negative, _numeric, lambda x: -x),
-    ("abs", "|x|", np.abs, _numeric, te.abs),
-    ("exp", "e^x", np.exp, float_dtype, te.exp),
-    ("log", "natural logarithm", np.log, float_dtype, te.log),
-    ("sqrt", "square root", np.sqrt, float_dtype, te.sqrt),
-    ("rsqrt", "1 / sqrt(x)", _rsqrt, float_dtype, te.rsqrt),
-    ("sigmoid", "1 / (1 + e^-x)", _sigmoid, float_dtype, te.sigmoid),
-    ("tanh", "hyperbolic tangent", np.tanh, float_dtype, te.tanh),
-    ("erf", "the error function", _erf, float_dtype, te.erf),
-    ("floor", "round toward -inf", np.floor, float_dtype, te.floor),
-    ("ceil", "round toward +inf", np.ceil, float_dtype, te.ceil),
-    ("round", "round half to even", _round, float_dtype, te.round),
-    ("sign", "-1, 0 or 1", np.sign, _numeric, _sign),
-    ("sin", "sine", np.sin, float_dtype, te.sin),
-    ("cos", "cosine", np.cos, float_dtype, te.cos),
-    ("logical_not", "not x (bool)", np.logical_not, _bool_only, tx.logical_not),
+
+def _set_gradient(name: str, grad: Grad) -> None:
+    """Declares op `name`'s gradient, a row's last column (the rest of the row is its register_op chain)."""
+    if isinstance(grad, str):
+        Op.get(name).set_attr(attr.TNonDifferentiable, grad)
+    else:
+        Op.get(name).set_attr(attr.FPrimalGradient, grad)
+
+
+_UNARY: list[tuple[str, str, Callable[..., Any], DTypeRule, TeExpr, Grad]] = [
+    # name, description, numpy function, dtype rule, te expression of the element, gradient
+    ("negative", "-x", np.negative, _numeric, lambda x: -x, G.UNARY["negative"]),
+    ("abs", "|x|", np.abs, _numeric, te.abs, G.UNARY["abs"]),
+    ("exp", "e^x", np.exp, float_dtype, te.exp, G.UNARY["exp"]),
+    ("log", "natural logarithm", np.log, float_dtype, te.log, G.UNARY["log"]),
+    ("sqrt", "square root", np.sqrt, float_dtype, te.sqrt, G.UNARY["sqrt"]),
+    ("rsqrt", "1 / sqrt(x)", _rsqrt, float_dtype, te.rsqrt, G.UNARY["rsqrt"]),
+    ("sigmoid", "1 / (1 + e^-x)", _sigmoid, float_dtype, te.sigmoid, G.UNARY["sigmoid"]),
+    ("tanh", "hyperbolic tangent", np.tanh, float_dtype, te.tanh, G.UNARY["tanh"]),
+    ("erf", "the error function", _erf, float_dtype, te.erf, G.UNARY["erf"]),
+    ("floor", "round toward -inf", np.floor, float_dtype, te.floor, G.zero_grad),
+    ("ceil", "round toward +inf", np.ceil, float_dtype, te.ceil, G.zero_grad),
+    ("round", "round half to even", _round, float_dtype, te.round, G.zero_grad),
+    ("sign", "-1, 0 or 1", np.sign, _numeric, _sign, G.zero_grad),
+    ("sin", "sine", np.sin, float_dtype, te.sin, G.UNARY["sin"]),
+    ("cos", "cosine", np.cos, float_dtype, te.cos, G.UNARY["cos"]),
+    ("logical_not", "not x (bool)", np.logical_not, _bool_only, tx.logical_not, _BOOLEAN),
 ]
 
-for _name, _doc, _fn, _rule, _te in _UNARY:
+for _name, _doc, _fn, _rule, _te, _grad in _UNARY:
     register_unary(_name, _doc, _unary(_fn), _rule, te_expr=_te)
+    _set_gradient(_name, _grad)
 
 
 def _make_unary(name: str) -> Callable[[Expr], Call]:
@@ -182,31 +199,34 @@ def _c_divide(a: Any, b: Any) -> Any:
 
 
 # tir's `/` truncates integers (as C), `//` and `%` floor them (as Python and numpy)
-_BINARY: list[tuple[str, str, Callable[..., Any], DTypeRule, str | None, TeExpr]] = [
-    # name, description, numpy function, dtype rule, reference's output dtype, te expression of the element
-    ("add", "a + b", np.add, _numeric, None, lambda a, b: a + b),
-    ("subtract", "a - b", np.subtract, _numeric, None, lambda a, b: a - b),
-    ("multiply", "a * b", np.multiply, _numeric, None, lambda a, b: a * b),
+_BINARY: list[tuple[str, str, Callable[..., Any], DTypeRule, str | None, TeExpr, Grad]] = [
+    # name, description, numpy function, dtype rule, reference's output dtype, te expression of the element,
+    # gradient
+    ("add", "a + b", np.add, _numeric, None, lambda a, b: a + b, G.add_grad),
+    ("subtract", "a - b", np.subtract, _numeric, None, lambda a, b: a - b, G.subtract_grad),
+    ("multiply", "a * b", np.multiply, _numeric, None, lambda a, b: a * b, G.multiply_grad),
     ("divide", "a / b (truncating for integers, as C)", lambda a, b: _c_divide(a, b), _numeric, None,
-     lambda a, b: a / b),
-    ("power", "a ** b", np.power, _numeric, None, _power),
-    ("maximum", "elementwise max", np.maximum, same_dtype, None, tx.max_),
-    ("minimum", "elementwise min", np.minimum, same_dtype, None, tx.min_),
-    ("floor_divide", "floor(a / b)", _floor_divide, _numeric, None, lambda a, b: a // b),
-    ("floor_mod", "a - floor(a / b) * b", _quiet(np.mod), _numeric, None, lambda a, b: _floor_mod(a, b)),
-    ("equal", "a == b", np.equal, bool_dtype, "bool", tx.eq),
-    ("not_equal", "a != b", np.not_equal, bool_dtype, "bool", tx.ne),
-    ("less", "a < b", np.less, bool_dtype, "bool", lambda a, b: a < b),
-    ("less_equal", "a <= b", np.less_equal, bool_dtype, "bool", lambda a, b: a <= b),
-    ("greater", "a > b", np.greater, bool_dtype, "bool", lambda a, b: a > b),
-    ("greater_equal", "a >= b", np.greater_equal, bool_dtype, "bool", lambda a, b: a >= b),
-    ("logical_and", "a and b (bool)", np.logical_and, _bool_only, None, tx.all_of),
-    ("logical_or", "a or b (bool)", np.logical_or, _bool_only, None, tx.any_of),
+     lambda a, b: a / b, G.divide_grad),
+    ("power", "a ** b", np.power, _numeric, None, _power, G.power_grad),
+    ("maximum", "elementwise max", np.maximum, same_dtype, None, tx.max_, G.maximum_grad),
+    ("minimum", "elementwise min", np.minimum, same_dtype, None, tx.min_, G.minimum_grad),
+    ("floor_divide", "floor(a / b)", _floor_divide, _numeric, None, lambda a, b: a // b, G.zero_grad),
+    ("floor_mod", "a - floor(a / b) * b", _quiet(np.mod), _numeric, None, lambda a, b: _floor_mod(a, b),
+     G.floor_mod_grad),
+    ("equal", "a == b", np.equal, bool_dtype, "bool", tx.eq, _COMPARISON),
+    ("not_equal", "a != b", np.not_equal, bool_dtype, "bool", tx.ne, _COMPARISON),
+    ("less", "a < b", np.less, bool_dtype, "bool", lambda a, b: a < b, _COMPARISON),
+    ("less_equal", "a <= b", np.less_equal, bool_dtype, "bool", lambda a, b: a <= b, _COMPARISON),
+    ("greater", "a > b", np.greater, bool_dtype, "bool", lambda a, b: a > b, _COMPARISON),
+    ("greater_equal", "a >= b", np.greater_equal, bool_dtype, "bool", lambda a, b: a >= b, _COMPARISON),
+    ("logical_and", "a and b (bool)", np.logical_and, _bool_only, None, tx.all_of, _BOOLEAN),
+    ("logical_or", "a or b (bool)", np.logical_or, _bool_only, None, tx.any_of, _BOOLEAN),
 ]
 
 
-for _name, _doc, _fn, _rule, _out, _te in _BINARY:
+for _name, _doc, _fn, _rule, _out, _te, _grad in _BINARY:
     register_binary(_name, _doc, _binary(_fn, _out), _rule, te_expr=_te)
+    _set_gradient(_name, _grad)
 
 
 def _make_binary(name: str) -> Callable[[Expr, Expr], Call]:
@@ -276,6 +296,7 @@ def _clip_ref(attrs: ClipAttrs, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]
 
 register_unary("clip", "x limited to [a_min, a_max]", _clip_ref, _numeric, ClipAttrs,
                compute=elementwise_compute(_clip_expr, "clip"))
+_set_gradient("clip", G.clip_grad)
 
 
 @constructor("clip")
@@ -313,6 +334,7 @@ def _cast_rel(arg_types: list[Any], attrs: CastAttrs) -> Any:
     .set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
     .set_attr(attr.FReference, lambda attrs, x: x.astype(attrs.dtype.numpy()))
     .set_attr(attr.FCompute, elementwise_compute(lambda attrs, x: te.cast(x, str(attrs.dtype)), "cast"))
+    .set_attr(attr.FPrimalGradient, G.cast_grad)  # raises for a cast to an integer or bool dtype
 )
 
 
@@ -358,6 +380,7 @@ def _reinterpret_rel(arg_types: list[Any], attrs: ReinterpretAttrs) -> Any:
     .set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
     .set_attr(attr.FReference, lambda attrs, x: np.ascontiguousarray(x).view(attrs.dtype.numpy()))
     .set_attr(attr.FCompute, elementwise_compute(lambda attrs, x: te.reinterpret(x, str(attrs.dtype)), "reinterpret"))
+    .set_attr(attr.TNonDifferentiable, "reads bits as another dtype: no derivative relates input and output")
 )
 
 
@@ -395,6 +418,7 @@ def _where_rel(arg_types: list[Any], attrs: Any) -> Any:
     .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
     .set_attr(attr.FReference, lambda attrs, c, x, y: np.where(c, x, y))
     .set_attr(attr.FCompute, elementwise_compute(lambda attrs, c, x, y: te.select(c, x, y), "where"))
+    .set_attr(attr.FPrimalGradient, G.where_grad)  # none to the condition
 )
 
 
@@ -603,26 +627,28 @@ def _float_class_ref(fn: Callable[[Any], Any]) -> Ref:
     return reference
 
 
-_MATH_UNARY: list[tuple[str, str, Callable[..., Any], DTypeRule, TeExpr]] = [
-    # name, description, numpy function, dtype rule, te expression of the element
-    ("bitwise_not", "~x (every bit flipped)", np.bitwise_not, _integer, _bitwise_not),
-    ("tan", "tangent", np.tan, float_dtype, _tan),
-    ("atan", "arc tangent", np.arctan, float_dtype, _half_in_float32(_atan)),
-    ("asin", "arc sine", np.arcsin, float_dtype, _half_in_float32(_asin)),
-    ("acos", "arc cosine", np.arccos, float_dtype, _half_in_float32(_acos)),
-    ("sinh", "hyperbolic sine", np.sinh, float_dtype, _half_in_float32(_sinh)),
-    ("cosh", "hyperbolic cosine", np.cosh, float_dtype, _half_in_float32(_cosh)),
-    ("asinh", "inverse hyperbolic sine", np.arcsinh, float_dtype, _half_in_float32(_asinh)),
-    ("acosh", "inverse hyperbolic cosine", np.arccosh, float_dtype, _half_in_float32(_acosh)),
-    ("atanh", "inverse hyperbolic tangent", np.arctanh, float_dtype, _half_in_float32(_atanh)),
+_MATH_UNARY: list[tuple[str, str, Callable[..., Any], DTypeRule, TeExpr, Grad]] = [
+    # name, description, numpy function, dtype rule, te expression of the element, gradient
+    ("bitwise_not", "~x (every bit flipped)", np.bitwise_not, _integer, _bitwise_not, _BITWISE),
+    ("tan", "tangent", np.tan, float_dtype, _tan, G.UNARY["tan"]),
+    ("atan", "arc tangent", np.arctan, float_dtype, _half_in_float32(_atan), G.UNARY["atan"]),
+    ("asin", "arc sine", np.arcsin, float_dtype, _half_in_float32(_asin), G.UNARY["asin"]),
+    ("acos", "arc cosine", np.arccos, float_dtype, _half_in_float32(_acos), G.UNARY["acos"]),
+    ("sinh", "hyperbolic sine", np.sinh, float_dtype, _half_in_float32(_sinh), G.UNARY["sinh"]),
+    ("cosh", "hyperbolic cosine", np.cosh, float_dtype, _half_in_float32(_cosh), G.UNARY["cosh"]),
+    ("asinh", "inverse hyperbolic sine", np.arcsinh, float_dtype, _half_in_float32(_asinh), G.UNARY["asinh"]),
+    ("acosh", "inverse hyperbolic cosine", np.arccosh, float_dtype, _half_in_float32(_acosh), G.UNARY["acosh"]),
+    ("atanh", "inverse hyperbolic tangent", np.arctanh, float_dtype, _half_in_float32(_atanh), G.UNARY["atanh"]),
 ]
 
-for _name, _doc, _fn, _rule, _te in _MATH_UNARY:
+for _name, _doc, _fn, _rule, _te, _grad in _MATH_UNARY:
     register_unary(_name, _doc, _unary(_quiet(_fn)), _rule, te_expr=_te)
+    _set_gradient(_name, _grad)
 
 for _name, _doc, _fn, _te in [("isnan", "x is NaN (bool)", np.isnan, _isnan),
                               ("isinf", "x is +inf or -inf (bool)", np.isinf, _isinf)]:
     register_unary(_name, _doc, _float_class_ref(_fn), _float_class, te_expr=_te)
+    _set_gradient(_name, "a test of the float class: its bool output has no gradient")
 
 bitwise_not = _make_unary("bitwise_not")
 tan = _make_unary("tan")
@@ -638,19 +664,20 @@ isnan = _make_unary("isnan")
 isinf = _make_unary("isinf")
 
 
-_MATH_BINARY: list[tuple[str, str, Callable[..., Any], DTypeRule, TeExpr]] = [
-    # name, description, numpy function, dtype rule, te expression of the element
-    ("fmod", "a - trunc(a / b) * b (C's fmod: the sign of a)", np.fmod, _numeric, _fmod),
-    ("bitwise_and", "a & b", np.bitwise_and, _integer, tx.bitwise_and),
-    ("bitwise_or", "a | b", np.bitwise_or, _integer, tx.bitwise_or),
-    ("bitwise_xor", "a ^ b", np.bitwise_xor, _integer, tx.bitwise_xor),
-    ("left_shift", "a << b (0 where b < 0 or b >= the bit width)", np.left_shift, _integer, _left_shift),
+_MATH_BINARY: list[tuple[str, str, Callable[..., Any], DTypeRule, TeExpr, Grad]] = [
+    # name, description, numpy function, dtype rule, te expression of the element, gradient
+    ("fmod", "a - trunc(a / b) * b (C's fmod: the sign of a)", np.fmod, _numeric, _fmod, G.fmod_grad),
+    ("bitwise_and", "a & b", np.bitwise_and, _integer, tx.bitwise_and, _BITWISE),
+    ("bitwise_or", "a | b", np.bitwise_or, _integer, tx.bitwise_or, _BITWISE),
+    ("bitwise_xor", "a ^ b", np.bitwise_xor, _integer, tx.bitwise_xor, _BITWISE),
+    ("left_shift", "a << b (0 where b < 0 or b >= the bit width)", np.left_shift, _integer, _left_shift, _BITWISE),
     ("right_shift", "a >> b, arithmetic for signed a (0 or -1 where b < 0 or b >= the bit width)",
-     np.right_shift, _integer, _right_shift),
+     np.right_shift, _integer, _right_shift, _BITWISE),
 ]
 
-for _name, _doc, _fn, _rule, _te in _MATH_BINARY:
+for _name, _doc, _fn, _rule, _te, _grad in _MATH_BINARY:
     register_binary(_name, _doc, _binary(_quiet(_fn)), _rule, te_expr=_te)
+    _set_gradient(_name, _grad)
 
 fmod = _make_binary("fmod")
 bitwise_and = _make_binary("bitwise_and")

@@ -12,6 +12,9 @@
 | AlterOpLayout | 3 | rewrites calls into the form their target's fast implementation reads (FAlterOpLayout[kind]) |
 | FuseOps | 1 | groups calls into primitive functions by TOpPattern (fuse_ops.py; `fusion_report` says why) |
 
+`gradient(func)` (gradient.py) is a function transform, not a pipeline pass: it returns the function of
+`func`'s result and its parameters' gradients (reverse mode, from each op's FPrimalGradient).
+
 Every pass leaves the module typed, and runs under `PassContext(verify=True)`.
 """
 
@@ -36,6 +39,7 @@ from kiln.relay.transform.fold_constant import FoldConstant
 from kiln.relay.transform.fold_scale_axis import FoldScaleAxis
 from kiln.relay.transform.fuse_ops import FuseOps
 from kiln.relay.transform.fusion_report import FusionReport, fusion_report
+from kiln.relay.transform.gradient import GradientError, gradient
 from kiln.relay.transform.graph_normal_form import ToGraphNormalForm
 from kiln.relay.transform.simplify_inference import SimplifyInference
 
@@ -58,9 +62,11 @@ __all__ = [
     "FoldScaleAxis",
     "FuseOps",
     "FusionReport",
+    "GradientError",
     "InferType",
     "SimplifyInference",
     "ToGraphNormalForm",
     "fusion_report",
+    "gradient",
     "verify",
 ]
