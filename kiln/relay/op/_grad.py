@@ -15,9 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kiln.errors import KilnError
 from kiln.ir.attrs import Attrs
 from kiln.ir.types import TensorType
 from kiln.relay.expr import Call, Expr, call
+
+
+class OpGradientError(KilnError, ValueError):
+    """An op's gradient cannot be formed for this call (a mode or layout it does not cover); names the op."""
 
 
 def shape_of(e: Expr) -> tuple[int, ...]:
@@ -67,4 +72,4 @@ def _reshape_attrs(shape: tuple[int, ...]) -> Attrs:
     return ReshapeAttrs.make("reshape", newshape=shape)
 
 
-__all__ = ["Call", "collapse_sum_like", "collapse_sum_to", "shape_of"]
+__all__ = ["Call", "OpGradientError", "collapse_sum_like", "collapse_sum_to", "shape_of"]

@@ -40,6 +40,7 @@ from kiln.relay.op._schedule import (
     split_epilogue,
     vector_lanes,
 )
+from kiln.relay.op.conv_grad import conv2d_grad
 from kiln.relay.op.conv_schedules import (
     conv2d_cpu_compute,
     conv2d_cpu_schedule,
@@ -556,6 +557,7 @@ def _conv2d_alter_llvm(attrs: Conv2DAttrs, args: list[Expr], arg_types: list[Typ
     .set_attr(attr.FReference, _conv2d_ref)
     .set_attr(attr.FCompute, _conv2d_compute)
     .set_attr(attr.FAlterOpLayout["llvm"], _conv2d_alter_llvm)
+    .set_attr(attr.FPrimalGradient, conv2d_grad)
     .add_implementation("tiled", _conv2d_tiled_compute, _conv2d_tiled_schedule, target="llvm",
                         dtypes=TILED_DTYPES, priority=10)
     .add_implementation("tiled", _conv2d_cuda_compute, cuda_schedules.schedule_conv2d, target="cuda",

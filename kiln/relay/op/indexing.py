@@ -39,6 +39,7 @@ from kiln.ir.attrs import (
 from kiln.ir.types import ANY, Dim, TensorType, TupleType, Type, dim_add, dim_div
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
+from kiln.relay.op import indexing_grad
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, shape_relation, tensor_args
 from kiln.tir import expr as tx
@@ -186,7 +187,8 @@ def _split_compute(attrs: SplitAttrs, inputs: list[te.Tensor], out_type: Type) -
     .set_support_level(3)
     .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _split_ref)
-    .set_attr(attr.FCompute, _split_compute))
+    .set_attr(attr.FCompute, _split_compute)
+    .set_attr(attr.FPrimalGradient, indexing_grad.split_grad))
 
 
 @constructor("split")
@@ -281,7 +283,8 @@ def _strided_slice_compute(attrs: StridedSliceAttrs, inputs: list[te.Tensor], ou
     .set_support_level(4)
     .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _strided_slice_ref)
-    .set_attr(attr.FCompute, _strided_slice_compute))
+    .set_attr(attr.FCompute, _strided_slice_compute)
+    .set_attr(attr.FPrimalGradient, indexing_grad.strided_slice_grad))
 
 
 @constructor("strided_slice")
@@ -389,7 +392,8 @@ def _take_compute(attrs: TakeAttrs, inputs: list[te.Tensor], out_type: Type) -> 
     .set_support_level(3)
     .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _take_ref)
-    .set_attr(attr.FCompute, _take_compute))
+    .set_attr(attr.FCompute, _take_compute)
+    .set_attr(attr.FPrimalGradient, indexing_grad.take_grad))
 
 
 @constructor("take")
@@ -489,7 +493,8 @@ def _gather_elements_compute(attrs: AxisIndexAttrs, inputs: list[te.Tensor], out
     .set_support_level(3)
     .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _gather_elements_ref)
-    .set_attr(attr.FCompute, _gather_elements_compute))
+    .set_attr(attr.FCompute, _gather_elements_compute)
+    .set_attr(attr.FPrimalGradient, indexing_grad.gather_elements_grad))
 
 
 @constructor("gather_elements")
@@ -573,7 +578,8 @@ def _gather_nd_compute(attrs: GatherNDAttrs, inputs: list[te.Tensor], out_type: 
     .set_support_level(3)
     .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _gather_nd_ref)
-    .set_attr(attr.FCompute, _gather_nd_compute))
+    .set_attr(attr.FCompute, _gather_nd_compute)
+    .set_attr(attr.FPrimalGradient, indexing_grad.gather_nd_grad))
 
 
 @constructor("gather_nd")
@@ -691,7 +697,8 @@ def _scatter_compute(attrs: Any, inputs: list[te.Tensor], out_type: Type) -> lis
     .set_support_level(3)
     .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     .set_attr(attr.FReference, _scatter_ref)
-    .set_attr(attr.FCompute, _scatter_compute))
+    .set_attr(attr.FCompute, _scatter_compute)
+    .set_attr(attr.FPrimalGradient, indexing_grad.scatter_elements_grad))
 
 
 @constructor("scatter_elements")
@@ -731,7 +738,8 @@ class ScatterNDAttrs(Attrs):
     .set_support_level(3)
     .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     .set_attr(attr.FReference, _scatter_ref)
-    .set_attr(attr.FCompute, _scatter_compute))
+    .set_attr(attr.FCompute, _scatter_compute)
+    .set_attr(attr.FPrimalGradient, indexing_grad.scatter_nd_grad))
 
 
 @constructor("scatter_nd")

@@ -41,6 +41,7 @@ from kiln.relay.op._schedule import (
     worth_parallel,
 )
 from kiln.relay.op.conv import dtype_or_none, optional_dtype
+from kiln.relay.op.nn_grad import batch_matmul_grad, dense_grad, matmul_grad
 from kiln.relay.op.shape import reshape, transpose
 from kiln.tir.expr import PrimExpr
 from kiln.tir.transform import PARTITION_SELECTS
@@ -522,6 +523,7 @@ def _dense_alter_llvm(attrs: DenseAttrs, args: list[Expr], arg_types: list[Type]
     .set_attr(attr.FReference, _dense_ref)
     .set_attr(attr.FCompute, _dense_compute)
     .set_attr(attr.FAlterOpLayout["llvm"], _dense_alter_llvm)
+    .set_attr(attr.FPrimalGradient, dense_grad)
     .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
                         dtypes=TILED_DTYPES, priority=10)
     .add_implementation("tiled", _dense_compute, cuda_schedules.schedule_product, target="cuda", priority=10))
@@ -551,6 +553,7 @@ def dense(data: Expr, weight: Expr, units: int | None = None, out_dtype: Any = N
     .add_argument("tensor_b", "Tensor", "(..., K, N), or (..., N, K) with transpose_b")
     .set_attrs_type(MatmulAttrs)
     .add_type_rel("Matmul", _matmul_rel)
+    .set_attr(attr.FPrimalGradient, matmul_grad)
     .set_support_level(1)
     .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
     .set_attr(attr.FReference, _matmul_ref)
@@ -586,6 +589,7 @@ def matmul(
     .add_argument("y", "Tensor", "(B, N, K), or (B, K, N) if not transpose_b")
     .set_attrs_type(BatchMatmulAttrs)
     .add_type_rel("BatchMatmul", _batch_matmul_rel)
+    .set_attr(attr.FPrimalGradient, batch_matmul_grad)
     .set_support_level(10)
     .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
     .set_attr(attr.FReference, _matmul_ref)

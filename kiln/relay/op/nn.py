@@ -22,7 +22,7 @@ from kiln import te
 from kiln.ir.attrs import Attrs, FieldError, float_value, int_range, one_of
 from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type, dim_add
-from kiln.registry import OpPattern, attr, register_op
+from kiln.registry import Op, OpPattern, attr, register_op
 from kiln.relay.expr import Call, Constant, Expr, Var, call, const
 from kiln.relay.op._nn_util import (
     Array,
@@ -61,6 +61,17 @@ from kiln.relay.op.matmul import BatchMatmulAttrs as BatchMatmulAttrs
 from kiln.relay.op.matmul import DenseAttrs as DenseAttrs
 from kiln.relay.op.matmul import MatmulAttrs as MatmulAttrs
 from kiln.relay.op.matmul import batch_matmul, dense, matmul
+from kiln.relay.op.nn_grad import (
+    bias_add_grad,
+    dropout_grad,
+    gelu_grad,
+    leaky_relu_grad,
+    log_softmax_grad,
+    pad_grad,
+    prelu_grad,
+    relu_grad,
+    softmax_grad,
+)
 from kiln.relay.op.norm import BatchNormAttrs as BatchNormAttrs
 from kiln.relay.op.norm import LayerNormAttrs as LayerNormAttrs
 from kiln.relay.op.norm import batch_norm, layer_norm
@@ -90,6 +101,7 @@ def _elementwise(name: str, f: Callable[[Any, PrimExpr], PrimExpr]) -> Callable[
 
 register_unary("nn.relu", "max(x, 0)", lambda attrs, x: np.maximum(x, 0).astype(x.dtype), _numeric,
                compute=_elementwise("relu", lambda attrs, v: te.max(v, te.const(0, v.dtype))))
+Op.get("nn.relu").set_attr(attr.FPrimalGradient, relu_grad)
 
 
 @constructor("nn.relu")
@@ -116,6 +128,7 @@ register_unary("nn.leaky_relu", "x for x > 0, alpha * x otherwise",
                lambda attrs, x: np.where(x > 0, x, attrs.alpha * x).astype(x.dtype), float_dtype, LeakyReluAttrs,
                compute=_elementwise("leaky_relu",
                                     lambda attrs, v: te.if_then_else(v > 0, v, te.const(attrs.alpha, v.dtype) * v)))
+Op.get("nn.leaky_relu").set_attr(attr.FPrimalGradient, leaky_relu_grad)
 
 
 @constructor("nn.leaky_relu")
@@ -160,6 +173,7 @@ def _gelu(approximate: str, v: PrimExpr) -> PrimExpr:
 register_unary("nn.gelu", "x * Phi(x), Phi the standard normal CDF (exact, or the tanh approximation)",
                _gelu_ref, float_dtype, GeluAttrs,
                compute=_elementwise("gelu", lambda attrs, v: _gelu(attrs.approximate, v)))
+Op.get("nn.gelu").set_attr(attr.FPrimalGradient, gelu_grad)
 
 
 @constructor("nn.gelu")
@@ -216,7 +230,8 @@ def _prelu_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type) ->
     .set_support_level(3)
     .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
     .set_attr(attr.FReference, _prelu_ref)
-    .set_attr(attr.FCompute, _prelu_compute))
+    .set_attr(attr.FCompute, _prelu_compute)
+    .set_attr(attr.FPrimalGradient, prelu_grad))
 
 
 @constructor("nn.prelu")
@@ -255,7 +270,8 @@ def _bias_add_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type)
     .set_support_level(1)
     .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
     .set_attr(attr.FReference, _bias_add_ref)
-    .set_attr(attr.FCompute, _bias_add_compute))
+    .set_attr(attr.FCompute, _bias_add_compute)
+    .set_attr(attr.FPrimalGradient, bias_add_grad))
 
 
 @constructor("nn.bias_add")
@@ -442,9 +458,9 @@ def _softmax_cuda_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor],
     return compute
 
 
-for _name, _doc, _ref, _log in [
-    ("nn.softmax", "exp(x) / sum(exp(x)) along axis", _softmax_ref, False),
-    ("nn.log_softmax", "x - log(sum(exp(x))) along axis", _log_softmax_ref, True),
+for _name, _doc, _ref, _log, _grad in [
+    ("nn.softmax", "exp(x) / sum(exp(x)) along axis", _softmax_ref, False, softmax_grad),
+    ("nn.log_softmax", "x - log(sum(exp(x))) along axis", _log_softmax_ref, True, log_softmax_grad),
 ]:
     (register_op(_name).describe(_doc)
         .add_argument("data", "Tensor", "the input (floating point)")
@@ -454,6 +470,7 @@ for _name, _doc, _ref, _log in [
         .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
         .set_attr(attr.FReference, _ref)
         .set_attr(attr.FCompute, _softmax_compute(_log))
+        .set_attr(attr.FPrimalGradient, _grad)
         .add_implementation("rows", _softmax_rows_compute(_log), schedule_rows, target="llvm",
                             dtypes=("float16", "float32", "float64"), priority=10)
         .add_implementation("rows", _softmax_cuda_compute(_log), schedule_rows_cuda, target="cuda",
@@ -525,7 +542,8 @@ def _dropout_compute(attrs: DropoutAttrs, inputs: list[te.Tensor], out_type: Typ
     .set_support_level(1)
     .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     .set_attr(attr.FReference, lambda attrs, x: (x.copy(), np.ones_like(x)))
-    .set_attr(attr.FCompute, _dropout_compute))
+    .set_attr(attr.FCompute, _dropout_compute)
+    .set_attr(attr.FPrimalGradient, dropout_grad))
 
 
 @constructor("nn.dropout")
@@ -644,7 +662,8 @@ def _pad_compute(attrs: PadAttrs, inputs: list[te.Tensor], out_type: Type) -> li
     .set_support_level(2)
     .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _pad_ref)
-    .set_attr(attr.FCompute, _pad_compute))
+    .set_attr(attr.FCompute, _pad_compute)
+    .set_attr(attr.FPrimalGradient, pad_grad))
 
 
 @constructor("nn.pad")

@@ -38,6 +38,7 @@ from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
 from kiln.relay.op._rows import ROWS, add, flat, row_reduce, schedule_rows, unflat
 from kiln.relay.op._schedule import KEEP, vector_lanes
 from kiln.relay.op.cuda_reduce import ROW_REDUCE, schedule_rows_cuda
+from kiln.relay.op.nn_grad import batch_norm_grad, layer_norm_grad
 from kiln.tir.expr import PrimExpr
 
 # --- nn.batch_norm, nn.layer_norm -----------------------------------------------------------------
@@ -142,7 +143,8 @@ def _batch_norm_compute(attrs: BatchNormAttrs, inputs: list[te.Tensor], out_type
     .set_support_level(1)
     .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     .set_attr(attr.FReference, _batch_norm_ref)
-    .set_attr(attr.FCompute, _batch_norm_compute))
+    .set_attr(attr.FCompute, _batch_norm_compute)
+    .set_attr(attr.FPrimalGradient, batch_norm_grad))
 
 
 @constructor("nn.batch_norm")
@@ -320,6 +322,7 @@ def _layer_norm_cuda_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out
     .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
     .set_attr(attr.FReference, _layer_norm_ref)
     .set_attr(attr.FCompute, _layer_norm_compute)
+    .set_attr(attr.FPrimalGradient, layer_norm_grad)
     .add_implementation("rows", _layer_norm_rows_compute, schedule_rows, target="llvm",
                         dtypes=("float16", "float32", "float64"), priority=10)
     .add_implementation("rows", _layer_norm_cuda_compute, schedule_rows_cuda, target="cuda",

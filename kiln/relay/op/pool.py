@@ -44,6 +44,12 @@ from kiln.relay.op.conv import (
     to_nchw,
     window_out_size,
 )
+from kiln.relay.op.conv_grad import (
+    avg_pool2d_grad,
+    global_avg_pool2d_grad,
+    global_max_pool2d_grad,
+    max_pool2d_grad,
+)
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 
@@ -381,6 +387,7 @@ def _schedule_taps(sch: te.Schedule, t: te.Tensor) -> None:
     .set_support_level(2)
     .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
     .set_attr(attr.FReference, _max_pool2d_ref)
+    .set_attr(attr.FPrimalGradient, max_pool2d_grad)
     .set_attr(attr.FCompute, _max_pool2d_compute)
     .set_attr(attr.FSchedule["llvm"], _schedule_pool))
 
@@ -504,6 +511,7 @@ def _max_pool2d_argmax_compute(attrs: MaxPool2DArgmaxAttrs, inputs: list[te.Tens
     .add_type_rel("MaxPool2dArgmax", _argmax_rel)
     .set_support_level(2)
     .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
+    .set_attr(attr.TNonDifferentiable, "its output is integer indices: no gradient flows through it")
     .set_attr(attr.FReference, _max_pool2d_argmax_ref)
     .set_attr(attr.FCompute, _max_pool2d_argmax_compute))
 
@@ -547,6 +555,7 @@ def max_pool2d_argmax(
     .set_support_level(2)
     .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
     .set_attr(attr.FReference, _avg_pool2d_ref)
+    .set_attr(attr.FPrimalGradient, avg_pool2d_grad)
     .set_attr(attr.FCompute, _avg_pool2d_compute)
     .set_attr(attr.FSchedule["llvm"], _schedule_pool))
 
@@ -641,11 +650,12 @@ def _global_compute(mean: bool) -> Callable[[GlobalPool2DAttrs, list[te.Tensor],
     return compute
 
 
-_GLOBAL_POOLS: list[tuple[str, str, str, Callable[..., Any], bool]] = [
-    ("nn.global_avg_pool2d", "the mean over all of H and W", "GlobalAvgPool2d", np.mean, True),
-    ("nn.global_max_pool2d", "the maximum over all of H and W", "GlobalMaxPool2d", np.max, False),
+_GLOBAL_POOLS: list[tuple[str, str, str, Callable[..., Any], bool, Callable[..., Any]]] = [
+    ("nn.global_avg_pool2d", "the mean over all of H and W", "GlobalAvgPool2d", np.mean, True, global_avg_pool2d_grad),
+    ("nn.global_max_pool2d", "the maximum over all of H and W", "GlobalMaxPool2d", np.max, False,
+     global_max_pool2d_grad),
 ]
-for _name, _doc, _rel_name, _reduce, _mean in _GLOBAL_POOLS:
+for _name, _doc, _rel_name, _reduce, _mean, _grad in _GLOBAL_POOLS:
     (register_op(_name).describe(_doc)
         .add_argument("data", "Tensor", "the input, NCHW or NHWC")
         .set_attrs_type(GlobalPool2DAttrs)
@@ -653,6 +663,7 @@ for _name, _doc, _rel_name, _reduce, _mean in _GLOBAL_POOLS:
         .set_support_level(2)
         .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
         .set_attr(attr.FReference, _global_ref(_reduce))
+        .set_attr(attr.FPrimalGradient, _grad)
         .set_attr(attr.FCompute, _global_compute(_mean))
         .set_attr(attr.FSchedule["llvm"], _schedule_pool))
 

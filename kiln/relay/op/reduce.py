@@ -29,6 +29,7 @@ from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
 from kiln.relay.op._schedule import KEEP, schedule_injective_stage, schedule_reduce
 from kiln.relay.op.cuda_reduce import ROW_REDUCE, schedule_rows_cuda
+from kiln.relay.op.reduce_grad import GRADIENTS, cumsum_grad
 from kiln.target import Target
 from kiln.te.ops import Reducer
 from kiln.tir import expr as tx
@@ -315,6 +316,7 @@ for _name, _doc, _fn, _numeric, _nonempty, _compute, _schedule in _REDUCE:
         .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
         .set_attr(attr.FReference, _reduce_reference(_fn))
         .set_attr(attr.FCompute, _compute())
+        .set_attr(attr.FPrimalGradient, GRADIENTS[_name])
         .add_implementation("rows", _compute(cuda=True), schedule_rows_cuda, target="cuda", priority=10)
     )
     if _schedule is not None:  # max and min: the pattern's schedule
@@ -419,6 +421,7 @@ for _name, _doc, _fn, _kind in [
         .set_attr(attr.TOpPattern, OpPattern.COMM_REDUCE)
         .set_attr(attr.FReference, _arg_reference(_fn))
         .set_attr(attr.FCompute, _arg_compute(_kind))
+        .set_attr(attr.TNonDifferentiable, "its output is an integer index: no gradient flows through it")
         .add_implementation("rows", _arg_compute(_kind, cuda=True), schedule_rows_cuda, target="cuda", priority=10)
         .set_attr(attr.FSchedule["llvm"], _schedule_two_stage)
     )
@@ -678,13 +681,15 @@ def _schedule_scan(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Seq
             schedule_injective_stage(sch, op.output())
 
 
-_SCANS: list[tuple[str, str, str, Callable[..., Any], int]] = [
-    ("cumsum", "the running sum along an axis (exclusive: of the elements before each)", "sum", np.cumsum, 0),
+_SCANS: list[tuple[str, str, str, Callable[..., Any], int, Callable[..., Any] | None]] = [
+    # name, description, kind, numpy function, identity, gradient (cumprod's: not yet)
+    ("cumsum", "the running sum along an axis (exclusive: of the elements before each)", "sum", np.cumsum, 0,
+     cumsum_grad),
     ("cumprod", "the running product along an axis (exclusive: of the elements before each)", "prod", np.cumprod,
-     1),
+     1, None),
 ]
-for _name, _doc, _kind, _np_fn, _identity in _SCANS:
-    (
+for _name, _doc, _kind, _np_fn, _identity, _grad in _SCANS:
+    _entry = (
         register_op(_name)
         .describe(_doc)
         .add_argument("data", "Tensor", "the tensor to scan")
@@ -697,6 +702,8 @@ for _name, _doc, _kind, _np_fn, _identity in _SCANS:
         .set_attr(attr.FCompute, _scan_compute(_kind))
         .set_attr(attr.FSchedule["llvm"], _schedule_scan)
     )
+    if _grad is not None:
+        _entry.set_attr(attr.FPrimalGradient, _grad)
 
 
 @constructor("cumsum")

@@ -14,6 +14,7 @@ compute receives the tuple's tensors as its inputs.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +35,8 @@ from kiln.ir.attrs import (
 )
 from kiln.ir.types import ANY, Dim, TensorType, Type, dim_add, dim_div, dim_mul, dim_prod
 from kiln.registry import OpPattern, attr, register_op
-from kiln.relay.expr import Call, Expr, Tuple, call
+from kiln.relay.expr import Call, Expr, Tuple, TupleGetItem, call
+from kiln.relay.op._grad import collapse_sum_to, shape_of
 from kiln.relay.op._nn_util import tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import (
@@ -57,6 +59,60 @@ from kiln.relay.op.indexing import take as take
 from kiln.target import Target
 from kiln.tir import expr as tx
 from kiln.tir.transform import PARTITION_SELECTS
+
+# --- gradients (FPrimalGradient): each op's is named in its chain below ---------------------------
+
+
+def _attrs(call: Call) -> Any:
+    """The call's attrs, of its op's attrs class."""
+    return call.attrs
+
+
+def _as_input(call: Call, grad: Expr) -> list[Expr | None]:
+    """reshape, squeeze, expand_dims, nn.batch_flatten: the gradient in the input's shape."""
+    return [reshape(grad, shape_of(call.args[0]))]
+
+
+def _transpose_grad(call: Call, grad: Expr) -> list[Expr | None]:
+    ndim = len(shape_of(call.args[0]))
+    axes = _attrs(call).axes if _attrs(call).axes is not None else tuple(range(ndim - 1, -1, -1))
+    return [transpose(grad, [int(i) for i in np.argsort([a % ndim for a in axes])])]
+
+
+def _field_shapes(call: Call) -> list[tuple[int, ...]]:
+    """The static shapes of the tensors in the tuple argument of concatenate or stack."""
+    return [tuple(int(d) for d in t.shape) for t in call.args[0].checked_type.fields]  # type: ignore[attr-defined]
+
+
+def _concatenate_grad(call: Call, grad: Expr) -> list[Expr | None]:
+    """The gradient split where the inputs were joined: a tuple, one field per input."""
+    shapes = _field_shapes(call)
+    axis = _attrs(call).axis % len(shapes[0])
+    ends = list(itertools.accumulate(s[axis] for s in shapes))
+    pieces = split(grad, ends[:-1], axis) if len(shapes) > 1 else None
+    return [Tuple([TupleGetItem(pieces, i) if pieces is not None else grad for i in range(len(shapes))])]
+
+
+def _stack_grad(call: Call, grad: Expr) -> list[Expr | None]:
+    """The gradient cut into one slice per input along the new axis, each without that axis."""
+    shapes = _field_shapes(call)
+    pieces = split(grad, len(shapes), _attrs(call).axis)
+    return [Tuple([reshape(TupleGetItem(pieces, i), s) for i, s in enumerate(shapes)])]
+
+
+def _broadcast_to_grad(call: Call, grad: Expr) -> list[Expr | None]:
+    """The gradient summed over the axes that broadcasting added or stretched."""
+    return [collapse_sum_to(grad, shape_of(call), shape_of(call.args[0]))]
+
+
+def _tile_grad(call: Call, grad: Expr) -> list[Expr | None]:
+    """The gradient's copies summed: each output dim (reps, dim) as two dims, the reps summed away."""
+    out, dims = shape_of(call), shape_of(call.args[0])
+    padded = (1,) * (len(out) - len(dims)) + dims
+    pairs = [(o // d if d else 1, d) for o, d in zip(out, padded, strict=True)]
+    split_shape = tuple(v for p in pairs for v in p)
+    summed = collapse_sum_to(reshape(grad, split_shape), split_shape, tuple(v for _, d in pairs for v in (1, d)))
+    return [reshape(summed, dims)]
 
 
 def _insert_axis(axis: int, ndim: int, op: str) -> int:
@@ -205,7 +261,8 @@ def _reshape_ref(attrs: ReshapeAttrs, x: Array) -> Array:
     .add_type_rel("Reshape", shape_relation(_reshape_shape))
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _reshape_ref)
-    .set_attr(attr.FCompute, _reshape_compute))
+    .set_attr(attr.FCompute, _reshape_compute)
+    .set_attr(attr.FPrimalGradient, _as_input))
 
 
 @constructor("reshape")
@@ -256,7 +313,8 @@ def _transpose_compute(attrs: TransposeAttrs, inputs: list[te.Tensor], out_type:
     .add_type_rel("Transpose", shape_relation(_transpose_shape))
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, lambda attrs, x: np.transpose(x, attrs.axes))
-    .set_attr(attr.FCompute, _transpose_compute))
+    .set_attr(attr.FCompute, _transpose_compute)
+    .set_attr(attr.FPrimalGradient, _transpose_grad))
 
 
 @constructor("transpose")
@@ -293,7 +351,8 @@ def _squeeze_shape(shapes: list[Shape], attrs: SqueezeAttrs) -> Shape:
     .add_type_rel("Squeeze", shape_relation(_squeeze_shape))
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, lambda attrs, x: np.squeeze(x, axis=attrs.axis))
-    .set_attr(attr.FCompute, _reshape_compute))
+    .set_attr(attr.FCompute, _reshape_compute)
+    .set_attr(attr.FPrimalGradient, _as_input))
 
 
 @constructor("squeeze")
@@ -326,7 +385,8 @@ def _expand_dims_ref(attrs: ExpandDimsAttrs, x: Array) -> Array:
     .add_type_rel("ExpandDims", shape_relation(_expand_dims_shape))
     .set_support_level(1).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _expand_dims_ref)
-    .set_attr(attr.FCompute, _reshape_compute))
+    .set_attr(attr.FCompute, _reshape_compute)
+    .set_attr(attr.FPrimalGradient, _as_input))
 
 
 @constructor("expand_dims")
@@ -450,7 +510,8 @@ def _producer_with(t: te.Tensor, key: str) -> te.Tensor | None:
     .set_support_level(1).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, lambda attrs, xs: np.concatenate(xs, axis=attrs.axis))
     .set_attr(attr.FCompute, _concatenate_compute)
-    .set_attr(attr.FSchedule["llvm"], _schedule_concatenate))
+    .set_attr(attr.FSchedule["llvm"], _schedule_concatenate)
+    .set_attr(attr.FPrimalGradient, _concatenate_grad))
 
 
 @constructor("concatenate")
@@ -487,7 +548,8 @@ def _stack_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type) ->
     .set_attrs_type(AxisAttrs).add_type_rel("Stack", _stack_rel)
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, lambda attrs, xs: np.stack(xs, axis=attrs.axis))
-    .set_attr(attr.FCompute, _stack_compute))
+    .set_attr(attr.FCompute, _stack_compute)
+    .set_attr(attr.FPrimalGradient, _stack_grad))
 
 
 @constructor("stack")
@@ -535,7 +597,8 @@ def _broadcast_to_compute(attrs: ShapeAttrs, inputs: list[te.Tensor], out_type: 
     .add_type_rel("BroadcastTo", shape_relation(_broadcast_to_shape))
     .set_support_level(4).set_attr(attr.TOpPattern, OpPattern.BROADCAST)
     .set_attr(attr.FReference, lambda attrs, x: np.array(np.broadcast_to(x, attrs.shape)))
-    .set_attr(attr.FCompute, _broadcast_to_compute))
+    .set_attr(attr.FCompute, _broadcast_to_compute)
+    .set_attr(attr.FPrimalGradient, _broadcast_to_grad))
 
 
 @constructor("broadcast_to")
@@ -556,7 +619,8 @@ def _batch_flatten_shape(shapes: list[Shape], attrs: Any) -> Shape:
     .add_type_rel("BatchFlatten", shape_relation(_batch_flatten_shape))
     .set_support_level(1).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, lambda attrs, x: np.reshape(x, (x.shape[0], math.prod(x.shape[1:]))))
-    .set_attr(attr.FCompute, _reshape_compute))
+    .set_attr(attr.FCompute, _reshape_compute)
+    .set_attr(attr.FPrimalGradient, _as_input))
 
 
 @constructor("nn.batch_flatten")
@@ -602,7 +666,8 @@ def _tile_compute(attrs: TileAttrs, inputs: list[te.Tensor], out_type: Type) -> 
     .add_type_rel("Tile", shape_relation(_tile_shape))
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, lambda attrs, x: np.tile(x, attrs.reps))
-    .set_attr(attr.FCompute, _tile_compute))
+    .set_attr(attr.FCompute, _tile_compute)
+    .set_attr(attr.FPrimalGradient, _tile_grad))
 
 
 @constructor("tile")

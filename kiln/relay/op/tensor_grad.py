@@ -14,18 +14,15 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from kiln.errors import KilnError
 from kiln.ir.dtype import DataType
 from kiln.ir.types import TensorType
 from kiln.relay.expr import Call, Expr, call, const
-from kiln.relay.op._grad import collapse_sum_to, shape_of
+from kiln.relay.op._grad import OpGradientError, collapse_sum_to, shape_of
 
 Grads = list[Expr | None]
 GradFn = Callable[[Call, Expr], Grads]
 
 
-class CastGradientError(KilnError, TypeError):
-    """The gradient of a cast to an integer or bool dtype was asked for."""
 
 
 def _dtype(e: Expr) -> DataType:
@@ -188,7 +185,7 @@ def cast_grad(c: Call, g: Expr) -> Grads:
     """
     src, dst = c.args[0], _dtype(c)
     if not dst.is_float:
-        raise CastGradientError(f"op cast: a cast to {dst} has no gradient (integer and bool values carry none)")
+        raise OpGradientError(f"op cast: a cast to {dst} has no gradient (integer and bool values carry none)")
     if not _is_float(src):
         return [None]
     attrs: Any = c.attrs  # CastAttrs, of tensor.py (which imports this module)

@@ -1,0 +1,187 @@
+"""The gradients of the nn ops, the matrix products, the reductions and the normalizations, each against
+central finite differences of the op's numpy reference in float64, over at least two shapes, run by the
+reference interpreter and compiled (llvm)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from op_grad_helpers import check_op_grad, gradient_exprs, run_gradient
+
+from kiln.errors import KilnError
+from kiln.registry import Op, attr
+
+RNG = np.random.default_rng(7)
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape)
+
+
+def away_from_zero(*shape: int) -> np.ndarray:
+    """Values with |x| >= 0.1: a kink at 0 (relu) is not within a finite difference's step."""
+    x = rand(*shape)
+    return np.where(np.abs(x) < 0.1, 0.1 + np.abs(x), x)
+
+
+def distinct(*shape: int) -> np.ndarray:
+    """Values without ties, at least 0.05 apart: max and min have one winner each."""
+    n = int(np.prod(shape))
+    return (RNG.permutation(n) * 0.05 + 0.3 * RNG.random()).reshape(shape) * RNG.choice([-1, 1])
+
+
+MODES = [pytest.param(False, id="interpreted"), pytest.param(True, id="compiled")]
+
+# op, arrays, attrs: each op over at least two shapes
+CASES: list[tuple[str, list[np.ndarray], dict[str, Any]]] = [
+    ("nn.dense", [rand(3, 4), rand(5, 4)], {}),
+    ("nn.dense", [rand(2, 3, 4), rand(2, 4)], {"units": 2}),
+    ("nn.dense", [rand(4), rand(3, 4)], {}),
+    ("nn.matmul", [rand(3, 4), rand(4, 5)], {}),
+    ("nn.matmul", [rand(2, 3, 4), rand(4, 5)], {}),
+    ("nn.matmul", [rand(2, 4, 3), rand(1, 5, 4)], {"transpose_a": True, "transpose_b": True}),
+    ("nn.matmul", [rand(3, 4), rand(2, 5, 4)], {"transpose_b": True}),
+    ("nn.matmul", [rand(2, 1, 4, 3), rand(3, 4, 5)], {"transpose_a": True}),
+    ("nn.batch_matmul", [rand(2, 3, 4), rand(2, 5, 4)], {}),
+    ("nn.batch_matmul", [rand(1, 4, 3), rand(3, 4, 5)], {"transpose_a": True, "transpose_b": False}),
+    ("nn.batch_matmul", [rand(3, 2, 4), rand(1, 4, 2)], {"transpose_b": False}),
+    ("nn.relu", [away_from_zero(3, 4)], {}),
+    ("nn.relu", [away_from_zero(2, 3, 2)], {}),
+    ("nn.leaky_relu", [away_from_zero(3, 4)], {"alpha": 0.2}),
+    ("nn.leaky_relu", [away_from_zero(5)], {}),
+    ("nn.prelu", [away_from_zero(2, 3, 4), rand(3)], {}),
+    ("nn.prelu", [away_from_zero(4, 5), rand(5)], {"axis": -1}),
+    ("nn.gelu", [rand(3, 4) * 2], {}),
+    ("nn.gelu", [rand(2, 3, 2) * 2], {"approximate": "tanh"}),
+    ("nn.gelu", [rand(7) * 2], {"approximate": "tanh"}),
+    ("nn.gelu", [rand(7) * 2], {}),
+    ("nn.softmax", [rand(3, 5)], {}),
+    ("nn.softmax", [rand(2, 4, 3)], {"axis": 1}),
+    ("nn.log_softmax", [rand(3, 5)], {}),
+    ("nn.log_softmax", [rand(2, 4, 3)], {"axis": 0}),
+    ("nn.bias_add", [rand(2, 3, 4), rand(3)], {}),
+    ("nn.bias_add", [rand(4, 5), rand(5)], {"axis": -1}),
+    ("nn.dropout", [rand(3, 4)], {"rate": 0.3}),
+    ("nn.dropout", [rand(2, 2, 3)], {}),
+    ("nn.layer_norm", [rand(3, 5), rand(5), rand(5)], {}),
+    ("nn.layer_norm", [rand(2, 4, 3), rand(4), rand(4)], {"axis": 1, "epsilon": 1e-3}),
+    ("nn.layer_norm", [rand(2, 4), rand(4), rand(4)], {"scale": False, "center": False}),
+    ("nn.batch_norm", [rand(2, 3, 4), rand(3), rand(3), rand(3), np.abs(rand(3)) + 0.5], {}),
+    ("nn.batch_norm", [rand(4, 3), rand(3), rand(3), rand(3), np.abs(rand(3)) + 0.5], {"axis": -1, "scale": False}),
+    ("nn.batch_norm", [rand(2, 3), rand(3), rand(3), rand(3), np.abs(rand(3)) + 0.5], {"center": False}),
+    ("sum", [rand(3, 4)], {}),
+    ("sum", [rand(2, 3, 4)], {"axis": (0, 2), "keepdims": True}),
+    ("sum", [rand(2, 3, 4)], {"axis": 1, "exclude": True}),
+    ("mean", [rand(3, 4)], {"axis": -1}),
+    ("mean", [rand(2, 3, 4)], {"axis": (1,), "keepdims": True}),
+    ("mean", [rand(2, 3, 4)], {"axis": 0, "exclude": True, "keepdims": True}),
+    ("max", [distinct(3, 4)], {"axis": 1}),
+    ("max", [distinct(2, 3, 4)], {}),
+    ("max", [distinct(2, 3, 4)], {"axis": (0, 2), "keepdims": True}),
+    ("min", [distinct(3, 4)], {"axis": 0}),
+    ("min", [distinct(2, 3, 4)], {"axis": 1, "exclude": True}),
+    ("prod", [rand(3, 4)], {"axis": 1}),
+    ("prod", [rand(2, 3, 4)], {"axis": (0, 2), "keepdims": True}),
+    ("prod", [rand(2, 3)], {}),
+    ("nn.conv2d", [rand(2, 3, 5, 5), rand(4, 3, 3, 3)], {}),
+    ("nn.conv2d", [rand(1, 2, 7, 6), rand(3, 2, 3, 2)], {"strides": 2, "padding": (1, 0, 2, 1)}),
+    ("nn.conv2d", [rand(1, 4, 6, 6), rand(4, 2, 2, 3)], {"groups": 2, "dilation": (2, 1), "padding": 1}),
+    ("nn.conv2d", [rand(1, 5, 6, 3), rand(3, 3, 3, 2)], {"data_layout": "NHWC", "strides": (1, 2), "padding": 1}),
+    ("nn.max_pool2d", [distinct(1, 2, 4, 4)], {"pool_size": 2, "strides": 2}),
+    ("nn.max_pool2d", [distinct(2, 1, 5, 6)], {"pool_size": (3, 2), "strides": (2, 1), "padding": 1}),
+    ("nn.max_pool2d", [distinct(1, 5, 5, 2)], {"pool_size": 2, "strides": 2, "ceil_mode": True, "layout": "NHWC"}),
+    ("nn.avg_pool2d", [rand(1, 2, 4, 4)], {"pool_size": 2, "strides": 2}),
+    ("nn.avg_pool2d", [rand(2, 1, 5, 6)], {"pool_size": 3, "strides": 2, "padding": 1}),
+    ("nn.avg_pool2d", [rand(1, 2, 5, 5)], {"pool_size": 2, "strides": 2, "padding": 1, "count_include_pad": True,
+                                           "ceil_mode": True, "dilation": (1, 2)}),
+    ("nn.global_avg_pool2d", [rand(2, 3, 2, 4)], {}),
+    ("nn.global_avg_pool2d", [rand(1, 3, 2, 2)], {"layout": "NHWC"}),
+    ("nn.global_max_pool2d", [distinct(2, 3, 2, 4)], {}),
+    ("nn.global_max_pool2d", [distinct(1, 3, 2, 2)], {"layout": "NHWC"}),
+    ("nn.pad", [rand(2, 3), rand()], {"pad_width": ((1, 2), (0, 1))}),
+    ("nn.pad", [rand(2, 2, 3), rand()], {"pad_width": ((0, 0), (2, 0), (0, 0))}),
+    ("nn.pad", [rand(3), rand()], {"pad_width": ((0, 0),)}),
+    ("cumsum", [rand(3, 4)], {"axis": 1}),
+    ("cumsum", [rand(2, 3, 4)], {"axis": 0, "exclusive": True}),
+    ("cumsum", [rand(5)], {"reverse": True}),
+    ("cumsum", [rand(2, 5)], {"axis": -1, "reverse": True, "exclusive": True}),
+]
+
+
+def case_id(case: tuple[str, list[np.ndarray], dict[str, Any]]) -> str:
+    op, arrays, kw = case
+    shapes = "-".join("x".join(map(str, a.shape)) for a in arrays)
+    return f"{op}[{shapes}]" + "".join(f"-{k}={v}" for k, v in kw.items())
+
+
+@pytest.mark.parametrize("compiled", MODES)
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_gradient_matches_finite_differences(case: tuple[str, list[np.ndarray], dict[str, Any]],
+                                             compiled: bool) -> None:
+    op, arrays, kw = case
+    check_op_grad(op, arrays, compiled=compiled, **kw)
+
+
+def test_every_case_op_has_two_shapes() -> None:
+    shapes: dict[str, set[tuple[tuple[int, ...], ...]]] = {}
+    for op, arrays, _ in CASES:
+        shapes.setdefault(op, set()).add(tuple(a.shape for a in arrays))
+    assert all(len(s) >= 2 for s in shapes.values()), {op: s for op, s in shapes.items() if len(s) < 2}
+
+
+def test_matmul_gradient_of_float16_inputs_with_float32_out_dtype_is_float16() -> None:
+    a, b = rand(3, 4).astype("float16"), rand(4, 2).astype("float16")
+    got, (g,) = run_gradient("nn.matmul", [a, b], out_dtype="float32")
+    assert got[0] is not None and got[0].dtype == np.float16
+    want = g.astype(np.float16).astype(np.float32) @ b.astype(np.float32).T
+    np.testing.assert_allclose(got[0].astype(np.float32), want, rtol=1e-2, atol=1e-2)
+
+
+def test_dense_of_a_packed_weight_asks_to_differentiate_before_alter_op_layout() -> None:
+    x, w = rand(2, 4), rand(2, 4, 8)  # NK8n: 16 units
+    with pytest.raises(KilnError, match=r"nn\.dense.*NK8n.*before AlterOpLayout"):
+        gradient_exprs("nn.dense", [x, w], weight_layout="NK8n")
+
+
+def test_max_splits_its_gradient_evenly_among_ties() -> None:
+    x = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [5.0, -1.0, 4.0, 5.0]])
+    g = np.array([6.0, 8.0, 1.0])
+    (got,), _ = run_gradient("max", [x], gvals=[g], axis=1)
+    want = np.array([[0, 3, 3, 0], [2, 2, 2, 2], [0.5, 0, 0, 0.5]])
+    np.testing.assert_array_equal(got, want)
+    (got,), _ = run_gradient("min", [x], gvals=[g], axis=1, compiled=True)
+    np.testing.assert_array_equal(got, [[0, 0, 0, 6], [2, 2, 2, 2], [0, 1, 0, 0]])
+
+
+def test_prod_gradient_with_zeros_is_the_product_of_the_others() -> None:
+    x = np.array([[2.0, 0.0, 3.0], [0.0, 0.0, 5.0], [1.0, 4.0, 2.0]])
+    g = np.array([1.0, 1.0, 2.0])
+    for compiled in (False, True):
+        (got,), _ = run_gradient("prod", [x], gvals=[g], axis=1, compiled=compiled)
+        np.testing.assert_array_equal(got, [[0, 6, 0], [0, 0, 0], [16, 4, 8]])
+
+
+def test_max_pool_splits_its_gradient_evenly_among_ties_in_a_window() -> None:
+    x = np.array([[[[1.0, 1.0, 0.0, 2.0], [0.0, 1.0, 2.0, -1.0]]]])
+    g = np.array([[[[6.0, 4.0]]]])
+    (got,), _ = run_gradient("nn.max_pool2d", [x], gvals=[g], pool_size=2, strides=2, compiled=True)
+    np.testing.assert_array_equal(got, [[[[2, 2, 0, 2], [0, 2, 2, 0]]]])
+
+
+def test_conv2d_of_a_packed_weight_asks_to_differentiate_before_alter_op_layout() -> None:
+    with pytest.raises(KilnError, match=r"nn\.conv2d.*OIHW4o.*before AlterOpLayout"):
+        gradient_exprs("nn.conv2d", [rand(1, 2, 4, 4), rand(1, 2, 3, 3, 4)], kernel_layout="OIHW4o")
+
+
+def test_pad_of_another_mode_says_it_has_no_gradient_yet() -> None:
+    with pytest.raises(KilnError, match=r"nn\.pad.*'reflect'"):
+        gradient_exprs("nn.pad", [rand(3, 3), rand()], pad_width=((1, 1), (1, 1)), pad_mode="reflect")
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin", "nn.max_pool2d_argmax"])
+def test_arg_reductions_say_why_they_have_no_gradient(op: str) -> None:
+    entry = Op.get(op)
+    assert entry.get_attr(attr.FPrimalGradient) is None
+    assert "integer" in entry.get_attr(attr.TNonDifferentiable)
