@@ -6,6 +6,7 @@ from kiln.relay.op import (
     creation,
     image,
     indexing,
+    loss,
     matmul,
     nn,
     norm,
@@ -19,6 +20,6 @@ from kiln.relay.op import (
 from kiln.relay.op._reg import constructor
 
 __all__ = [
-    "algorithm", "constructor", "conv", "creation", "image", "indexing", "matmul", "nn", "norm", "pool", "quantize",
-    "reduce", "shape", "tensor", "vision",
+    "algorithm", "constructor", "conv", "creation", "image", "indexing", "loss", "matmul", "nn", "norm", "pool",
+    "quantize", "reduce", "shape", "tensor", "vision",
 ]

@@ -57,6 +57,8 @@ from kiln.relay.op.conv import Conv2DAttrs as Conv2DAttrs
 from kiln.relay.op.conv import Conv2DTransposeAttrs as Conv2DTransposeAttrs
 from kiln.relay.op.conv import conv2d, conv2d_transpose  # the convolution family belongs to relay.nn, as in TVM
 from kiln.relay.op.cuda_reduce import ROW_REDUCE, schedule_rows_cuda
+from kiln.relay.op.loss import LossAttrs as LossAttrs
+from kiln.relay.op.loss import nll_loss, softmax_cross_entropy  # relay.nn.<loss>, as ONNX's losses
 from kiln.relay.op.matmul import BatchMatmulAttrs as BatchMatmulAttrs
 from kiln.relay.op.matmul import DenseAttrs as DenseAttrs
 from kiln.relay.op.matmul import MatmulAttrs as MatmulAttrs
@@ -693,5 +695,6 @@ def pad(data: Expr, pad_width: Any, pad_value: Expr | float = 0.0, pad_mode: str
 __all__ = [  # the constructors: relay.nn.<name>
     "avg_pool2d", "batch_flatten", "batch_matmul", "batch_norm", "bias_add", "conv2d", "conv2d_transpose",
     "dense", "dropout", "gelu", "global_avg_pool2d", "global_max_pool2d", "layer_norm", "leaky_relu",
-    "log_softmax", "matmul", "max_pool2d", "max_pool2d_argmax", "pad", "prelu", "relu", "roi_align", "softmax",
+    "log_softmax", "matmul", "max_pool2d", "max_pool2d_argmax", "nll_loss", "pad", "prelu", "relu", "roi_align",
+    "softmax", "softmax_cross_entropy",
 ]

@@ -318,6 +318,16 @@ ONNX_CASES: list[Case] = [
          **SUMS),
 ]
 CASES += ONNX_CASES
+# the losses (appended last): labels with an ignored value, class weights, spatial dims, each reduction
+LOSS_CASES: list[Case] = [
+    Case("nn.softmax_cross_entropy", (f32(6, 5), ints(6, lo=0, hi=5, dtype="int64"), positive(5)),
+         {"ignore_index": 2, "reduction": "mean"}, **SUMS),
+    Case("nn.softmax_cross_entropy",
+         (f32(2, 4, 3, 2), ints(2, 3, 2, lo=0, hi=4, dtype="int64"), np.array(1, "float32")), {"reduction": "none"},
+         label="none"),
+    Case("nn.nll_loss", (f32(6, 5), ints(6, lo=0, hi=5, dtype="int64"), positive(5)), {"reduction": "sum"}, **SUMS),
+]
+CASES += LOSS_CASES
 BY_ID = {c.id: c for c in CASES}
 
 # run on the CPU through the stand-in: g++ and one OS thread per CUDA thread make each ~0.3 s
@@ -337,6 +347,7 @@ HOST_RUN = [
     # ONNX breadth: the scans, a scatter, topk, an integer product, sampling and pooling with indices
     "cumsum", "cumprod", "scatter_nd", "topk", "qnn.matmul_integer", "qnn.matmul_vnni", "image.grid_sample",
     "nn.roi_align", "nn.max_pool2d_argmax",
+    "nn.softmax_cross_entropy", "nn.nll_loss",  # the losses
 ]
 
 
