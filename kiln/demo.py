@@ -223,6 +223,7 @@ def main(demo_models: Sequence[DemoModel] | None = None, repeat: int = 7, onnx: 
     results = [run_model(m, target, repeat) for m in demo_models]
     print_summary(results)
     print_op_table(results, target)
+    run_training()
     if onnx:
         run_onnx_models(repeat)
     print("\nThe same from the command line, for a model in the text format (what `str(mod)` prints)")
@@ -232,6 +233,28 @@ def main(demo_models: Sequence[DemoModel] | None = None, repeat: int = 7, onnx: 
     print("  kiln run model.kiln --input x=x.npy --output y.npy")
     print("  kiln bench model.onnx                   (kiln beside onnxruntime)")
     return results
+
+
+def run_training(steps: int = 10) -> list[float]:
+    """Trains an MLP with SGD on two Gaussian blobs: forward, loss, gradient and update compiled as one library.
+
+    Returns:
+        The loss before each step; a loss that does not fall is a DemoError.
+    """
+    from kiln.testing import models, train
+
+    print("\n======== training: relay.transform.gradient, one compiled SGD step (kiln.testing.train)")
+    func, params = models.mlp(batch=64, sizes=(32, 64, 64, 2))
+    step = train.sgd_step(func, loss="softmax_cross_entropy", lr=0.02)
+    x, labels = train.blobs(64, (32,), classes=2, spread=2.0)
+    losses = []
+    for _ in range(steps):
+        loss, params = step(x, labels, params)
+        losses.append(float(loss))
+    print("loss by step: " + " ".join(f"{v:.4f}" for v in losses))
+    if not losses[-1] < losses[0]:
+        raise DemoError(f"training: the loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
+    return losses
 
 
 def run_onnx_models(repeat: int) -> None:

@@ -25,6 +25,8 @@ def test_demo_shows_checks_and_times_both_models(capsys: pytest.CaptureFixture[s
     assert "Primitive=1" in out and "group 0 [out-elemwise-fusable]: nn.conv2d, add, nn.relu" in out
     assert out.count("against the reference interpreter: max abs error") == 2 and "MISMATCH" not in out
     assert "kiln runs at" in out and "x numpy's speed" in out
+    losses = [float(v) for v in out.split("loss by step: ")[1].splitlines()[0].split()]
+    assert len(losses) == 10 and losses[-1] < losses[0]  # the compiled SGD step trains
 
 
 def test_a_wrong_result_stops_the_demo_with_an_error() -> None:
