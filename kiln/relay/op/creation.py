@@ -22,6 +22,8 @@ from kiln.ir.dtype import DataType
 from kiln.ir.types import TensorType, Type
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call, const
+from kiln.relay.op._grad import collapse_sum_to
+from kiln.relay.op._grad import shape_of as static_shape_of
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, identity_shape, same_dtype, shape_relation, tensor_args
 from kiln.relay.op.indexing import DATA_ARG as _DATA
@@ -68,12 +70,30 @@ def _full_compute(attrs: FullAttrs, inputs: list[te.Tensor], out_type: Type) -> 
     return [te.compute(static_shape(out_type), lambda *i: te.cast(value[()], dtype), name="full")]
 
 
+def _full_grad(fwd: Call, grad: Expr) -> list[Expr | None]:
+    # every output element is the fill value: its gradient is the sum of the output's
+    from kiln.relay.op.tensor import CastAttrs  # (tensor.py imports this module's neighbours)
+
+    value = fwd.args[0]
+    dtype = value.checked_type.dtype  # type: ignore[attr-defined]
+    if not dtype.is_float:
+        return [None]
+    summed = collapse_sum_to(grad, static_shape_of(fwd), static_shape_of(value))
+    return [call("cast", [summed], CastAttrs.make("cast", dtype=dtype))]
+
+
+def _fill_like_grad(fwd: Call, grad: Expr) -> list[Expr | None]:
+    # the output does not depend on the input's values, only on its shape
+    return [call("zeros_like", [fwd.args[0]])]
+
+
 (register_op("full").describe("a tensor of a given shape filled with a scalar")
     .add_argument("fill_value", "Tensor", "the value (a rank-0 tensor)")
     .set_attrs_type(FullAttrs).add_type_rel("Full", _full_rel)
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
     .set_attr(attr.FReference, _full_ref)
-    .set_attr(attr.FCompute, _full_compute))
+    .set_attr(attr.FCompute, _full_compute)
+    .set_attr(attr.FPrimalGradient, _full_grad))
 
 
 @constructor("full")
@@ -107,13 +127,15 @@ for _name, _fill in [("zeros", 0), ("ones", 1)]:
         .set_num_inputs(0).set_attrs_type(InitAttrs).add_type_rel("InitOp", _init_rel)
         .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
         .set_attr(attr.FReference, lambda attrs, _fill=_fill: np.full(attrs.shape, _fill, attrs.dtype.numpy()))
-        .set_attr(attr.FCompute, lambda attrs, inputs, out_type, _fill=_fill: _fill_compute(_fill, out_type)))
+        .set_attr(attr.FCompute, lambda attrs, inputs, out_type, _fill=_fill: _fill_compute(_fill, out_type))
+        .set_attr(attr.FPrimalGradient, lambda call, grad: []))  # no arguments, nothing to differentiate
     (register_op(f"{_name}_like").describe(f"a tensor of the input's shape and dtype filled with {_fill}")
         .add_argument("data", "Tensor", "the tensor whose shape and dtype the output takes")
         .add_type_rel("Identity", shape_relation(identity_shape, same_dtype))
         .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.ELEMWISE)
         .set_attr(attr.FReference, lambda attrs, x, _fill=_fill: np.full_like(x, _fill))
-        .set_attr(attr.FCompute, lambda attrs, inputs, out_type, _fill=_fill: _fill_compute(_fill, out_type)))
+        .set_attr(attr.FCompute, lambda attrs, inputs, out_type, _fill=_fill: _fill_compute(_fill, out_type))
+        .set_attr(attr.FPrimalGradient, _fill_like_grad))
 
 
 @constructor("zeros")
@@ -176,7 +198,8 @@ def _shape_of_compute(attrs: ShapeOfAttrs, inputs: list[te.Tensor], out_type: Ty
     .add_type_rel("ShapeOf", _shape_of_rel)
     .set_support_level(10).set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     .set_attr(attr.FReference, lambda attrs, x: np.array(x.shape, dtype=attrs.dtype.numpy()))
-    .set_attr(attr.FCompute, _shape_of_compute))
+    .set_attr(attr.FCompute, _shape_of_compute)
+    .set_attr(attr.TNonDifferentiable, "its output is the input's integer shape, not a function of its values"))
 
 
 @constructor("shape_of")
@@ -230,7 +253,8 @@ def _arange_compute(attrs: ArangeAttrs, inputs: list[te.Tensor], out_type: Type)
     .set_num_inputs(0).set_attrs_type(ArangeAttrs).add_type_rel("Arange", _arange_rel)
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     .set_attr(attr.FReference, _arange_ref)
-    .set_attr(attr.FCompute, _arange_compute))
+    .set_attr(attr.FCompute, _arange_compute)
+    .set_attr(attr.FPrimalGradient, lambda call, grad: []))  # no arguments, nothing to differentiate
 
 
 @constructor("arange")

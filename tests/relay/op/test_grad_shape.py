@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 from op_grad_helpers import check_op_grad, gradient_exprs, run_gradient
+from op_helpers import make_attrs
 
 from kiln import relay
 from kiln.errors import KilnError
+from kiln.registry import Op, attr
 
 RNG = np.random.default_rng(11)
 
@@ -126,3 +128,14 @@ def test_scatter_gives_an_overwritten_update_no_gradient() -> None:
 def test_gather_nd_with_batch_dims_says_it_has_no_gradient_yet() -> None:
     with pytest.raises(KilnError, match=r"gather_nd.*batch_dims=1"):
         gradient_exprs("gather_nd", [rand(2, 3), np.array([[1], [2]], np.int32)], batch_dims=1)
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 4)])
+def test_creation_gradients(shape: tuple[int, ...]) -> None:
+    check_op_grad("full", [np.array(1.5)], shape=shape)  # the fill value's gradient: the sum of the output's
+    check_op_grad("zeros_like", [np.ones(shape)])  # zeros: the output does not depend on the input's values
+    check_op_grad("ones_like", [np.ones(shape)])
+    for op, kw in [("zeros", {"shape": shape}), ("ones", {"shape": shape}), ("arange", {"start": 0.0, "stop": 3.0})]:
+        call = relay.infer_type(relay.Function([], relay.expr.call(op, [], make_attrs(op, **kw)))).body
+        assert Op.get(op).get_attr(attr.FPrimalGradient)(call, call) == []  # no arguments
+    assert "integer shape" in Op.get("shape_of").get_attr(attr.TNonDifferentiable)
