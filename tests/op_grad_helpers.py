@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pytest
 from op_helpers import make_attrs, takes_tuple
 
 from kiln import relay
@@ -114,3 +115,25 @@ def check_op_grad(op: str, arrays: Sequence[np.ndarray], compiled: bool = False,
         np.testing.assert_allclose(g, want, rtol=rtol, atol=atol,
                                    err_msg=f"{op} argument {i} ({kw}); worst at {worst}")
     return got
+
+
+Case = tuple[str, list[np.ndarray], dict[str, Any]]  # (op, input arrays, attrs)
+MODES = [pytest.param(False, id="interpreted"), pytest.param(True, id="compiled")]
+
+
+def case_params(cases: Sequence[Case]) -> list[Any]:
+    """`cases` as pytest params, each named by its op, input shapes and attrs."""
+    def name(case: Case) -> str:
+        op, arrays, kw = case
+        shapes = "-".join("x".join(map(str, a.shape)) for a in arrays)
+        return f"{op}[{shapes}]" + "".join(f"-{k}={v}" for k, v in kw.items())
+
+    return [pytest.param(c, id=name(c)) for c in cases]
+
+
+def ops_with_fewer_than_two_shapes(cases: Sequence[Case]) -> dict[str, set[tuple[tuple[int, ...], ...]]]:
+    """The ops of `cases` checked over fewer than two distinct input shapes (each op needs two)."""
+    shapes: dict[str, set[tuple[tuple[int, ...], ...]]] = {}
+    for op, arrays, _ in cases:
+        shapes.setdefault(op, set()).add(tuple(a.shape for a in arrays))
+    return {op: s for op, s in shapes.items() if len(s) < 2}

@@ -4,11 +4,17 @@ reference interpreter and compiled (llvm)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
-from op_grad_helpers import check_op_grad, gradient_exprs, run_gradient
+from op_grad_helpers import (
+    MODES,
+    Case,
+    case_params,
+    check_op_grad,
+    gradient_exprs,
+    ops_with_fewer_than_two_shapes,
+    run_gradient,
+)
 
 from kiln.errors import KilnError
 from kiln.registry import Op, attr
@@ -32,10 +38,9 @@ def distinct(*shape: int) -> np.ndarray:
     return (RNG.permutation(n) * 0.05 + 0.3 * RNG.random()).reshape(shape) * RNG.choice([-1, 1])
 
 
-MODES = [pytest.param(False, id="interpreted"), pytest.param(True, id="compiled")]
 
 # op, arrays, attrs: each op over at least two shapes
-CASES: list[tuple[str, list[np.ndarray], dict[str, Any]]] = [
+CASES: list[Case] = [
     ("nn.dense", [rand(3, 4), rand(5, 4)], {}),
     ("nn.dense", [rand(2, 3, 4), rand(2, 4)], {"units": 2}),
     ("nn.dense", [rand(4), rand(3, 4)], {}),
@@ -110,25 +115,15 @@ CASES: list[tuple[str, list[np.ndarray], dict[str, Any]]] = [
 ]
 
 
-def case_id(case: tuple[str, list[np.ndarray], dict[str, Any]]) -> str:
-    op, arrays, kw = case
-    shapes = "-".join("x".join(map(str, a.shape)) for a in arrays)
-    return f"{op}[{shapes}]" + "".join(f"-{k}={v}" for k, v in kw.items())
-
-
 @pytest.mark.parametrize("compiled", MODES)
-@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
-def test_gradient_matches_finite_differences(case: tuple[str, list[np.ndarray], dict[str, Any]],
-                                             compiled: bool) -> None:
+@pytest.mark.parametrize("case", case_params(CASES))
+def test_gradient_matches_finite_differences(case: Case, compiled: bool) -> None:
     op, arrays, kw = case
     check_op_grad(op, arrays, compiled=compiled, **kw)
 
 
 def test_every_case_op_has_two_shapes() -> None:
-    shapes: dict[str, set[tuple[tuple[int, ...], ...]]] = {}
-    for op, arrays, _ in CASES:
-        shapes.setdefault(op, set()).add(tuple(a.shape for a in arrays))
-    assert all(len(s) >= 2 for s in shapes.values()), {op: s for op, s in shapes.items() if len(s) < 2}
+    assert not ops_with_fewer_than_two_shapes(CASES)
 
 
 def test_matmul_gradient_of_float16_inputs_with_float32_out_dtype_is_float16() -> None:

@@ -3,11 +3,17 @@ reference in float64, over at least two shapes, run by the reference interpreter
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
-from op_grad_helpers import check_op_grad, gradient_exprs, run_gradient
+from op_grad_helpers import (
+    MODES,
+    Case,
+    case_params,
+    check_op_grad,
+    gradient_exprs,
+    ops_with_fewer_than_two_shapes,
+    run_gradient,
+)
 from op_helpers import make_attrs
 
 from kiln import relay
@@ -25,9 +31,8 @@ def ints(high: int, *shape: int, low: int = 0) -> np.ndarray:
     return RNG.integers(low, high, shape).astype(np.int32)
 
 
-MODES = [pytest.param(False, id="interpreted"), pytest.param(True, id="compiled")]
 
-CASES: list[tuple[str, list[np.ndarray], dict[str, Any]]] = [
+CASES: list[Case] = [
     ("reshape", [rand(2, 3, 4)], {"newshape": (6, -1)}),
     ("reshape", [rand(6)], {"newshape": (3, 1, 2)}),
     ("transpose", [rand(2, 3, 4)], {"axes": (2, 0, 1)}),
@@ -76,25 +81,15 @@ CASES: list[tuple[str, list[np.ndarray], dict[str, Any]]] = [
 ]
 
 
-def case_id(case: tuple[str, list[np.ndarray], dict[str, Any]]) -> str:
-    op, arrays, kw = case
-    shapes = "-".join("x".join(map(str, a.shape)) for a in arrays)
-    return f"{op}[{shapes}]" + "".join(f"-{k}={v}" for k, v in kw.items())
-
-
 @pytest.mark.parametrize("compiled", MODES)
-@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
-def test_gradient_matches_finite_differences(case: tuple[str, list[np.ndarray], dict[str, Any]],
-                                             compiled: bool) -> None:
+@pytest.mark.parametrize("case", case_params(CASES))
+def test_gradient_matches_finite_differences(case: Case, compiled: bool) -> None:
     op, arrays, kw = case
     check_op_grad(op, arrays, compiled=compiled, **kw)
 
 
 def test_every_case_op_has_two_shapes() -> None:
-    shapes: dict[str, set[tuple[tuple[int, ...], ...]]] = {}
-    for op, arrays, _ in CASES:
-        shapes.setdefault(op, set()).add(tuple(a.shape for a in arrays))
-    assert all(len(s) >= 2 for s in shapes.values()), {op: s for op, s in shapes.items() if len(s) < 2}
+    assert not ops_with_fewer_than_two_shapes(CASES)
 
 
 def test_take_adds_the_gradients_of_an_index_taken_twice() -> None:
