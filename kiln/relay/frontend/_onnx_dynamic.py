@@ -15,7 +15,6 @@ which inputs it needs (`OnnxValueNeededError`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -28,13 +27,6 @@ from kiln.relay.op._rel import normalize_axis
 MAX_UNROLL = 4096
 
 
-def _scalar(node: OnnxNode, i: int, what: str) -> Any:
-    value = node.value(i, what)
-    if value.size != 1:
-        raise node.error(f"input #{i} ({what}) must hold one element, found shape {value.shape}")
-    return value.reshape(-1)[0]
-
-
 # ---------------------------------------------------------------------------
 # Control flow
 # ---------------------------------------------------------------------------
@@ -42,7 +34,7 @@ def _scalar(node: OnnxNode, i: int, what: str) -> Any:
 
 @onnx_converter("If", since=1)
 def _if(node: OnnxNode) -> list[Expr]:
-    branch = "then_branch" if bool(_scalar(node, 0, "cond")) else "else_branch"
+    branch = "then_branch" if bool(node.scalar(0, "cond")) else "else_branch"
     outs = node.subgraph(branch, [])
     if len(outs) != len(node.outputs):
         raise node.error(f"{branch} has {len(outs)} outputs; the node has {len(node.outputs)}")
@@ -58,8 +50,8 @@ def _stacked(node: OnnxNode, pieces: list[Expr], axis: int, what: str) -> Expr:
 
 @onnx_converter("Loop", since=1)
 def _loop(node: OnnxNode) -> list[Expr]:
-    trip = None if node.optional_input(0) is None else int(_scalar(node, 0, "M"))
-    keep_going = True if node.optional_input(1) is None else bool(_scalar(node, 1, "cond"))
+    trip = None if node.optional_input(0) is None else int(node.scalar(0, "M"))
+    keep_going = True if node.optional_input(1) is None else bool(node.scalar(1, "cond"))
     carried = [node.input(i) for i in range(2, len(node.inputs))]
     scans: list[list[Expr]] = []
     i = 0
@@ -206,7 +198,7 @@ def _iou(box: np.ndarray, others: np.ndarray, center: bool) -> np.ndarray:
 
 
 def _optional_scalar(node: OnnxNode, i: int, what: str, default: float) -> float:
-    return default if node.optional_input(i) is None else float(_scalar(node, i, what))
+    return default if node.optional_input(i) is None else float(node.scalar(i, what))
 
 
 @onnx_converter("NonMaxSuppression", since=10)

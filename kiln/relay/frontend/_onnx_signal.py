@@ -88,7 +88,7 @@ def _dft(node: OnnxNode, axis: int) -> Expr:
         raise node.error("onesided applies to real input (a last axis of 1)")
     size = node.static_shape(x)[normalize_axis(axis, node.ndim(x))]
     if node.optional_input(1) is not None:
-        n = int(node.value(1, "dft_length").reshape(-1)[0])
+        n = int(node.scalar(1, "dft_length"))
     else:
         n = 2 * (size - 1) if inverse and onesided else size
     if n < 1:
@@ -103,7 +103,7 @@ def _dft_17(node: OnnxNode) -> Expr:
 
 @onnx_converter("DFT", since=20)
 def _dft_20(node: OnnxNode) -> Expr:
-    axis = -2 if node.optional_input(2) is None else int(node.value(2, "axis").reshape(-1)[0])
+    axis = -2 if node.optional_input(2) is None else int(node.scalar(2, "axis"))
     return _dft(node, axis)
 
 
@@ -111,10 +111,10 @@ def _dft_20(node: OnnxNode) -> Expr:
 def _stft(node: OnnxNode) -> Expr:
     signal = node.input(0)
     batch, length, parts = node.static_shape(signal)
-    step = int(node.value(1, "frame_step").reshape(-1)[0])
+    step = int(node.scalar(1, "frame_step"))
     window = node.optional_input(2)
     if node.optional_input(3) is not None:
-        frame = int(node.value(3, "frame_length").reshape(-1)[0])
+        frame = int(node.scalar(3, "frame_length"))
     elif window is not None:
         frame = node.static_shape(window)[0]
     else:
@@ -132,11 +132,11 @@ def _stft(node: OnnxNode) -> Expr:
 
 @onnx_converter("MelWeightMatrix", since=17)
 def _mel_weight_matrix(node: OnnxNode) -> Expr:
-    bins = int(node.value(0, "num_mel_bins").reshape(-1)[0])
-    dft = int(node.value(1, "dft_length").reshape(-1)[0])
-    rate = float(node.value(2, "sample_rate").reshape(-1)[0])
-    low = float(node.value(3, "lower_edge_hertz").reshape(-1)[0])
-    high = float(node.value(4, "upper_edge_hertz").reshape(-1)[0])
+    bins = int(node.scalar(0, "num_mel_bins"))
+    dft = int(node.scalar(1, "dft_length"))
+    rate = float(node.scalar(2, "sample_rate"))
+    low = float(node.scalar(3, "lower_edge_hertz"))
+    high = float(node.scalar(4, "upper_edge_hertz"))
     from onnx.helper import tensor_dtype_to_np_dtype
 
     dtype = tensor_dtype_to_np_dtype(node.int_attr("output_datatype", 1))

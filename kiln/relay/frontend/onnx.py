@@ -282,6 +282,13 @@ class OnnxNode:
             )
         return value
 
+    def scalar(self, i: int, what: str) -> Any:
+        """The one element of input `i`'s value (a scalar or a one-element tensor), as a numpy scalar."""
+        value = self.value(i, what)
+        if value.size != 1:
+            raise self.error(f"input #{i} ({what}) must hold one element, found shape {value.shape}")
+        return value.reshape(-1)[0]
+
     def const_value(self, e: Expr | None) -> np.ndarray | None:
         """The value of `e` when it is a constant or a parameter's initializer, else None."""
         if e is None:
