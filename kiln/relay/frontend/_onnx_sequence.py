@@ -616,8 +616,8 @@ class _Cell:
                 rb = relay.concatenate([_part(rb, 0, 2 * hidden), relay.zeros((hidden,), str(self.dtype))], 0)
             self.bias = relay.add(wb, rb)
 
-    def act(self, i: int, x: Expr) -> Expr:
-        if self.clip is not None:
+    def act(self, i: int, x: Expr, clip: bool = True) -> Expr:
+        if clip and self.clip is not None:
             x = relay.clip(x, -self.clip, self.clip)
         return self.acts[i](x)
 
@@ -650,7 +650,8 @@ class _Cell:
             f = self.act(0, gf if p_f is None else relay.add(gf, relay.multiply(p_f, c)))
         new_c = relay.add(relay.multiply(f, c), relay.multiply(i, self.act(1, gc)))
         o = self.act(0, go if p_o is None else relay.add(go, relay.multiply(p_o, new_c)))
-        return relay.multiply(o, self.act(2, new_c)), new_c
+        # the cell state is not clipped before h(), as onnxruntime computes it: clip bounds the gates' inputs
+        return relay.multiply(o, self.act(2, new_c, clip=False)), new_c
 
 
 @onnx_converter("RNN", since=7)
