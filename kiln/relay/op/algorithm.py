@@ -25,6 +25,7 @@ from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
 from kiln.relay.op.indexing import DATA_ARG, Array, clamp, shape_str, static_shape
+from kiln.relay.op.indexing_grad import topk_grad
 from kiln.tir import expr as tx
 
 # --- topk -----------------------------------------------------------------------------------
@@ -181,7 +182,8 @@ def _topk_select(x: te.Tensor, axis: int, k: int, m: te.IterVar,
     .set_support_level(6)
     .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     .set_attr(attr.FReference, _topk_ref)
-    .set_attr(attr.FCompute, _topk_compute))
+    .set_attr(attr.FCompute, _topk_compute)
+    .set_attr(attr.FPrimalGradient, topk_grad))
 
 
 @constructor("topk")

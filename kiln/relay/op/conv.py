@@ -40,7 +40,7 @@ from kiln.relay.op._schedule import (
     split_epilogue,
     vector_lanes,
 )
-from kiln.relay.op.conv_grad import conv2d_grad
+from kiln.relay.op.conv_grad import conv2d_grad, conv2d_transpose_grad
 from kiln.relay.op.conv_schedules import (
     conv2d_cpu_compute,
     conv2d_cpu_schedule,
@@ -737,7 +737,8 @@ def _conv2d_transpose_compute(attrs: Conv2DTransposeAttrs, inputs: list[te.Tenso
     .set_support_level(2)
     .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
     .set_attr(attr.FReference, _conv2d_transpose_ref)
-    .set_attr(attr.FCompute, _conv2d_transpose_compute))
+    .set_attr(attr.FCompute, _conv2d_transpose_compute)
+    .set_attr(attr.FPrimalGradient, conv2d_transpose_grad))
 
 
 @constructor("nn.conv2d_transpose")

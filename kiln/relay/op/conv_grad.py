@@ -1,13 +1,17 @@
-"""The gradients (`FPrimalGradient`) of nn.conv2d (`conv.py`) and of the pools (`pool.py`). See
-`kiln.relay.op._grad` for the contract.
+"""The gradients (`FPrimalGradient`) of nn.conv2d and nn.conv2d_transpose (`conv.py`) and of the pools
+(`pool.py`). See `kiln.relay.op._grad` for the contract.
 
 conv2d: the data's gradient is the transposed convolution of the output gradient with the same weight;
 the weight's is a convolution of the data with the output gradient, batch and channels swapped (the
-stride and the dilation trade places). The windowed pools go tap by tap: each of the window's
-kh x kw taps is a strided slice of the (padded) input, and its share of the gradient goes back to the
-positions it read (`indexing_grad.unslice_axis`), so the cost is the window's size times the input's.
-The convolution and pool constructors are imported where they are used: `conv.py` and `pool.py` import
-this module before they define them.
+stride and the dilation trade places). conv2d_transpose is conv2d's data gradient, so the roles turn
+around: its data's gradient is the conv2d of the output gradient with the same weight (IOHW read as
+OIHW) and attrs, and its weight's is conv2d's weight gradient with the output gradient as the data and
+the data as the output gradient (one helper, `_conv2d_weight_grad`, serves both).
+
+The windowed pools go tap by tap: each of the window's kh x kw taps is a strided slice of the (padded)
+input, and its share of the gradient goes back to the positions it read (`indexing_grad.unslice_axis`),
+so the cost is the window's size times the input's. The convolution and pool constructors are imported
+where they are used: `conv.py` and `pool.py` import this module before they define them.
 """
 
 from __future__ import annotations
@@ -46,19 +50,18 @@ def _hw_axes(layout: str) -> tuple[int, int]:
 # --- nn.conv2d -----------------------------------------------------------------------------------
 
 
-def _conv2d_nchw_grads(x: Expr, w: Expr, g: Expr, xs: tuple[int, ...], ws: tuple[int, ...],
-                       gs: tuple[int, ...], a: Any) -> tuple[Expr, Expr]:
-    """The gradients of an NCHW / OIHW convolution of data x (shape xs) and weight w (ws), given g (gs)."""
-    from kiln.relay.op.conv import conv2d, conv2d_transpose
+def _conv2d_weight_grad(x: Expr, g: Expr, xs: tuple[int, ...], ws: tuple[int, ...], gs: tuple[int, ...],
+                        a: Any) -> Expr:
+    """The weight's gradient of an NCHW / OIHW convolution of data x (shape xs), weight of shape ws, and
+    output gradient g (gs); `a` gives strides, padding, dilation and groups (conv2d's or
+    conv2d_transpose's attrs: the transpose's weight gradient is this one, data and gradient swapped)."""
+    from kiln.relay.op.conv import conv2d
 
     _, c, h, wd = xs
     o, _, kh, kw = ws
     _, _, oh, ow = gs
     pt, pl, pb, pr = a.padding
     (sh, sw), (dh, dw), groups = a.strides, a.dilation, a.groups
-    # the rows (columns) past the last window's reach get no gradient: output_padding adds them back
-    extra = (h + pt + pb - ((oh - 1) * sh + dh * (kh - 1) + 1), wd + pl + pr - ((ow - 1) * sw + dw * (kw - 1) + 1))
-    dx = conv2d_transpose(g, w, (sh, sw), (pt, pl, pb, pr), extra, (dh, dw), groups)
     pieces = []
     for k in range(groups):
         xk = x if groups == 1 else strided_slice(x, [k * c // groups], [(k + 1) * c // groups], axes=[1])
@@ -71,7 +74,23 @@ def _conv2d_nchw_grads(x: Expr, w: Expr, g: Expr, xs: tuple[int, ...], ws: tuple
         if (full_h, full_w) != (kh, kw):  # taps past the kernel's reach read only rows no window reaches
             dwk = strided_slice(dwk, [0, 0], [kh, kw], axes=[2, 3])
         pieces.append(transpose(dwk, (1, 0, 2, 3)))
-    return dx, pieces[0] if groups == 1 else concatenate(pieces, 0)
+    return pieces[0] if groups == 1 else concatenate(pieces, 0)
+
+
+def _conv2d_nchw_grads(x: Expr, w: Expr, g: Expr, xs: tuple[int, ...], ws: tuple[int, ...],
+                       gs: tuple[int, ...], a: Any) -> tuple[Expr, Expr]:
+    """The gradients of an NCHW / OIHW convolution of data x (shape xs) and weight w (ws), given g (gs)."""
+    from kiln.relay.op.conv import conv2d_transpose
+
+    _, _, h, wd = xs
+    _, _, kh, kw = ws
+    _, _, oh, ow = gs
+    pt, pl, pb, pr = a.padding
+    (sh, sw), (dh, dw) = a.strides, a.dilation
+    # the rows (columns) past the last window's reach get no gradient: output_padding adds them back
+    extra = (h + pt + pb - ((oh - 1) * sh + dh * (kh - 1) + 1), wd + pl + pr - ((ow - 1) * sw + dw * (kw - 1) + 1))
+    dx = conv2d_transpose(g, w, (sh, sw), (pt, pl, pb, pr), extra, (dh, dw), a.groups)
+    return dx, _conv2d_weight_grad(x, g, xs, ws, gs, a)
 
 
 def conv2d_grad(call: Call, grad: Expr) -> Grads:
@@ -104,6 +123,27 @@ def conv2d_grad(call: Call, grad: Expr) -> Grads:
     if a.kernel_layout == "HWIO":
         dw = transpose(dw, (2, 3, 1, 0))
     return [dx, dw]
+
+
+def conv2d_transpose_grad(call: Call, grad: Expr) -> Grads:
+    """The transpose is conv2d's data gradient, so its adjoint is conv2d: data's gradient is the conv2d of the
+    output gradient with the weight (IOHW read as OIHW), same strides, padding, dilation and groups; the
+    weight's is conv2d's weight gradient with the output gradient as that conv2d's data and the data as its
+    output gradient."""
+    from kiln.relay.op.conv import conv2d
+
+    x, w = call.args
+    a = attrs_of(call)
+    g = grad if _dtype(call) == _dtype(x) else cast(grad, _dtype(x))
+    xs, ws, gs = shape_of(x), shape_of(w), shape_of(call)
+    dx: Expr = conv2d(g, w, a.strides, a.padding, a.dilation, a.groups)
+    # an output_padding of a stride or more (allowed below the dilation) makes the conv2d's output longer than
+    # the data: its windows past the data's last row read only output padding, so they are cut off
+    out_hw = ((gs[2] + a.padding[0] + a.padding[2] - a.dilation[0] * (ws[2] - 1) - 1) // a.strides[0] + 1,
+             (gs[3] + a.padding[1] + a.padding[3] - a.dilation[1] * (ws[3] - 1) - 1) // a.strides[1] + 1)
+    if out_hw != xs[2:]:
+        dx = strided_slice(dx, [0, 0], list(xs[2:]), axes=[2, 3])
+    return [dx, _conv2d_weight_grad(g, x, gs, ws, xs, a)]
 
 
 # --- the pools -----------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import Array, clamp, differ, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
+from kiln.relay.op.image_grad import grid_sample_grad, resize_grad
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 
@@ -466,7 +467,8 @@ def _resize_compute(attrs: ResizeAttrs, inputs: list[te.Tensor], out_type: Type)
     .set_support_level(5)
     .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _resize_ref)
-    .set_attr(attr.FCompute, _resize_compute))
+    .set_attr(attr.FCompute, _resize_compute)
+    .set_attr(attr.FPrimalGradient, resize_grad))
 
 
 @constructor("image.resize")
@@ -733,7 +735,8 @@ def _grid_sample_compute(attrs: GridSampleAttrs, inputs: list[te.Tensor], out_ty
     .set_support_level(5)
     .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _grid_sample_ref)
-    .set_attr(attr.FCompute, _grid_sample_compute))
+    .set_attr(attr.FCompute, _grid_sample_compute)
+    .set_attr(attr.FPrimalGradient, grid_sample_grad))
 
 
 @constructor("image.grid_sample")

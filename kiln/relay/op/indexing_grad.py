@@ -145,6 +145,20 @@ def gather_elements_grad(call: Call, grad: Expr) -> Grads:
     return [scatter_elements(_zeros(shape_of(x), _dtype(x)), indices, grad, attrs_of(call).axis, "add"), None]
 
 
+def topk_grad(call: Call, grad: Expr) -> Grads:
+    """data: the values' gradient put back at the positions the picks came from (scatter_elements along the
+    axis; the picks of a row are distinct); the indices output carries none."""
+    from kiln.relay.op.indexing import scatter_elements
+
+    (x,) = call.args
+    given = list(grad) if isinstance(grad, (list, tuple)) else None
+    g = given[0] if given is not None else grad.fields[0] if isinstance(grad, Tuple) else TupleGetItem(grad, 0)
+    if g is None:
+        return [_zeros(shape_of(x), _dtype(x))]
+    indices = TupleGetItem(call, 1)
+    return [scatter_elements(_zeros(shape_of(x), _dtype(x)), indices, g, attrs_of(call).axis, "add")]
+
+
 def gather_nd_grad(call: Call, grad: Expr) -> Grads:
     """data: the gradient's slices added into zeros at the index tuples (scatter_nd with reduction add);
     indices: none. batch_dims > 0 is not differentiable yet."""

@@ -1,24 +1,20 @@
 """Quantized ops, `qnn.*`: quantize, dequantize and the integer products.
 
-Each op is declared in one `register_op` chain (description, arguments, attrs,
-relation, pattern, numpy reference and te compute) after the functions it
-names; its Python constructor follows, checked against it (`@constructor`).
+Each op is declared in one `register_op` chain (description, arguments, attrs, relation, pattern, numpy
+reference and te compute) after the functions it names; its constructor follows (`@constructor`).
 
-A scale and its zero point have one shape, which decides the granularity (ONNX's
-rules): a scalar or a single element quantizes the whole tensor, a 1-D tensor
-one slice per index of `axis`, and a tensor of the data's rank blocks of
-`block_size` along `axis`. Quantize and dequantize are elementwise computes
-(they fuse with their neighbours); the scale and zero point are read at the
-index that granularity gives, never materialized at the data's shape.
+A scale and its zero point have one shape, which decides the granularity (ONNX's rules): a scalar or a single
+element quantizes the whole tensor, a 1-D tensor one slice per index of `axis`, and a tensor of the data's
+rank blocks of `block_size` along `axis`. Quantize and dequantize are elementwise computes (they fuse with
+their neighbours); scale and zero point are read at the index that granularity gives, never materialized.
 
-qnn.matmul_integer and qnn.conv_integer accumulate `(x - x_zero_point) * (w -
-w_zero_point)` in int32, the operands widened inside the reduction (the conv's
-input is first copied, less its zero point, into a padded int16 tensor). On
-llvm both are scheduled as register tiles of int32 sums, vectorized along the
-output's last axis (`_schedule_integer_product`); elsewhere by their pattern. On llvm with
-AVX-512 VNNI, uint8 x int8 matmul_integer becomes qnn.matmul_vnni: b in the words of vpdpbusd (packed
-at build time when constant), a.b summed 64 byte products per instruction (`codegen.llvm_x86`), the zero
-points subtracted after, through row and column sums.
+qnn.matmul_integer and qnn.conv_integer accumulate `(x - x_zero_point) * (w - w_zero_point)` in int32,
+the operands widened inside the reduction (the conv's input first copied, less its zero point, into a
+padded int16 tensor); on llvm, register tiles of int32 sums vectorized along the output's last axis
+(`_schedule_integer_product`). On llvm with AVX-512 VNNI, uint8 x int8 matmul_integer becomes
+qnn.matmul_vnni: b in vpdpbusd's words (packed at build time when constant), 64 byte products per
+instruction (`codegen.llvm_x86`), the zero points subtracted after through row and column sums.
+None of them has a gradient (`NO_GRADIENT`).
 """
 
 from __future__ import annotations
@@ -61,6 +57,7 @@ from kiln.tir.expr import PrimExpr
 QUANT_DTYPES = ("int8", "uint8", "int16", "uint16")  # what quantize produces (saturating to the dtype's range)
 INTEGER_DTYPES = (*QUANT_DTYPES, "int32")  # what dequantize reads
 PRODUCT_DTYPES = ("int8", "uint8")  # the operands of the integer products
+NO_GRADIENT = "quantized integers carry no gradient: train in float, then quantize (or fake-quantize in float)"
 
 
 # --- the granularity of a scale / zero point ------------------------------------------------------
@@ -214,7 +211,8 @@ def _quantize_compute(attrs: QuantizeAttrs, inputs: list[te.Tensor], out_type: T
     .set_support_level(10)
     .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
     .set_attr(attr.FReference, _quantize_ref)
-    .set_attr(attr.FCompute, _quantize_compute))
+    .set_attr(attr.FCompute, _quantize_compute)
+    .set_attr(attr.TNonDifferentiable, NO_GRADIENT))
 
 
 @constructor("qnn.quantize")
@@ -288,7 +286,8 @@ def _dequantize_compute(attrs: QuantizeAttrs, inputs: list[te.Tensor], out_type:
     .set_support_level(10)
     .set_attr(attr.TOpPattern, OpPattern.BROADCAST)
     .set_attr(attr.FReference, _dequantize_ref)
-    .set_attr(attr.FCompute, _dequantize_compute))
+    .set_attr(attr.FCompute, _dequantize_compute)
+    .set_attr(attr.TNonDifferentiable, NO_GRADIENT))
 
 
 @constructor("qnn.dequantize")
@@ -451,7 +450,8 @@ def _matmul_integer_alter_llvm(attrs: Any, args: list[Expr], arg_types: list[Typ
     .set_attr(attr.FReference, _matmul_integer_ref)
     .set_attr(attr.FCompute, _matmul_integer_compute)
     .set_attr(attr.FSchedule["llvm"], _schedule_integer_product)
-    .set_attr(attr.FAlterOpLayout["llvm"], _matmul_integer_alter_llvm))
+    .set_attr(attr.FAlterOpLayout["llvm"], _matmul_integer_alter_llvm)
+    .set_attr(attr.TNonDifferentiable, NO_GRADIENT))
 
 
 @constructor("qnn.matmul_integer")
@@ -613,7 +613,8 @@ def _schedule_vnni(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Seq
     .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
     .set_attr(attr.FReference, _matmul_vnni_ref)
     .set_attr(attr.FCompute, _matmul_vnni_compute)
-    .set_attr(attr.FSchedule["llvm"], _schedule_vnni))
+    .set_attr(attr.FSchedule["llvm"], _schedule_vnni)
+    .set_attr(attr.TNonDifferentiable, NO_GRADIENT))
 
 
 @constructor("qnn.matmul_vnni")
@@ -651,12 +652,6 @@ class ConvIntegerAttrs(Attrs):
     groups: int = attrs.field(default=1, validator=int_range(1), metadata={"doc": "channel groups"})
 
 
-def _conv_out(size: Dim, k: int, s: int, d: int, before: int, after: int) -> int | None:
-    if not isinstance(size, int):
-        return None
-    return (size + before + after - d * (k - 1) - 1) // s + 1
-
-
 def _conv_integer_rel(arg_types: list[Type], attrs: ConvIntegerAttrs) -> Type | None:
     tensors = tensor_args(arg_types)
     if tensors is None:
@@ -683,14 +678,17 @@ def _conv_integer_rel(arg_types: list[Type], attrs: ConvIntegerAttrs) -> Type | 
     _vector_zero_point(zw, w, w.shape[0], "one per output channel", 3)
     spatial: list[Dim] = []
     for j in range(nd):
-        k = w.shape[2 + j]
-        out = _conv_out(x.shape[2 + j], k if isinstance(k, int) else 1, attrs.strides[j], attrs.dilation[j],
-                        attrs.padding[j], attrs.padding[nd + j])
-        if out is not None and out < 1:
+        k, size = w.shape[2 + j], x.shape[2 + j]
+        if not isinstance(k, int) or not isinstance(size, int):
+            spatial.append(size)
+            continue
+        reach = attrs.dilation[j] * (k - 1) + 1
+        out = (size + attrs.padding[j] + attrs.padding[nd + j] - reach) // attrs.strides[j] + 1
+        if out < 1:
             raise RelationError(f"spatial dim {j} of the output would be {out}: input {x}, weight {w}, "
                                 f"padding {attrs.padding}, strides {attrs.strides}, dilation {attrs.dilation}",
                                 arg=0)
-        spatial.append(out if out is not None and isinstance(k, int) else x.shape[2 + j])
+        spatial.append(out)
     return TensorType((x.shape[0], w.shape[0], *spatial), "int32")
 
 
@@ -773,7 +771,8 @@ def _conv_integer_compute(attrs: ConvIntegerAttrs, inputs: list[te.Tensor], out_
     .set_attr(attr.TOpPattern, OpPattern.OUT_ELEMWISE_FUSABLE)
     .set_attr(attr.FReference, _conv_integer_ref)
     .set_attr(attr.FCompute, _conv_integer_compute)
-    .set_attr(attr.FSchedule["llvm"], _schedule_integer_product))
+    .set_attr(attr.FSchedule["llvm"], _schedule_integer_product)
+    .set_attr(attr.TNonDifferentiable, NO_GRADIENT))
 
 
 @constructor("qnn.conv_integer")

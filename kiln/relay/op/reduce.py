@@ -29,7 +29,7 @@ from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
 from kiln.relay.op._schedule import KEEP, schedule_injective_stage, schedule_reduce
 from kiln.relay.op.cuda_reduce import ROW_REDUCE, schedule_rows_cuda
-from kiln.relay.op.reduce_grad import GRADIENTS, cumsum_grad
+from kiln.relay.op.reduce_grad import GRADIENTS, cumprod_grad, cumsum_grad
 from kiln.target import Target
 from kiln.te.ops import Reducer
 from kiln.tir import expr as tx
@@ -681,15 +681,15 @@ def _schedule_scan(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Seq
             schedule_injective_stage(sch, op.output())
 
 
-_SCANS: list[tuple[str, str, str, Callable[..., Any], int, Callable[..., Any] | None]] = [
-    # name, description, kind, numpy function, identity, gradient (cumprod's: not yet)
+_SCANS: list[tuple[str, str, str, Callable[..., Any], int, Callable[..., Any]]] = [
+    # name, description, kind, numpy function, identity, gradient
     ("cumsum", "the running sum along an axis (exclusive: of the elements before each)", "sum", np.cumsum, 0,
      cumsum_grad),
     ("cumprod", "the running product along an axis (exclusive: of the elements before each)", "prod", np.cumprod,
-     1, None),
+     1, cumprod_grad),
 ]
 for _name, _doc, _kind, _np_fn, _identity, _grad in _SCANS:
-    _entry = (
+    (
         register_op(_name)
         .describe(_doc)
         .add_argument("data", "Tensor", "the tensor to scan")
@@ -701,9 +701,8 @@ for _name, _doc, _kind, _np_fn, _identity, _grad in _SCANS:
         .set_attr(attr.FReference, _scan_reference(_np_fn, _identity))
         .set_attr(attr.FCompute, _scan_compute(_kind))
         .set_attr(attr.FSchedule["llvm"], _schedule_scan)
+        .set_attr(attr.FPrimalGradient, _grad)
     )
-    if _grad is not None:
-        _entry.set_attr(attr.FPrimalGradient, _grad)
 
 
 @constructor("cumsum")

@@ -103,6 +103,36 @@ def cumsum_grad(call: Call, grad: Expr) -> Grads:
     return [cumsum(grad, axis=a.axis, exclusive=a.exclusive, reverse=not a.reverse)]
 
 
+def cumprod_grad(call: Call, grad: Expr) -> Grads:
+    """x_i's gradient: the sum over the outputs y_j that x_i is a factor of, of g_j times y_j's other
+    factors. Exact where elements are 0 (unlike TensorFlow's reverse cumsum(g y) / x): each x_i gets its own
+    copy of the scanned row with x_i set to 1, scanned again — n^2 work and memory per row of n."""
+    from kiln.relay.op.reduce import cumprod, sum
+    from kiln.relay.op.shape import broadcast_to, expand_dims
+    from kiln.relay.op.tensor import where
+
+    (x,) = call.args
+    a = attrs_of(call)
+    shape = shape_of(x)
+    axis = a.axis % len(shape)
+    n, dtype = shape[axis], _dtype(x)
+    perm = [*(i for i in range(len(shape)) if i != axis), axis]
+    moved: Expr = transpose(x, perm) if axis != len(shape) - 1 else x
+    g: Expr = transpose(grad, perm) if axis != len(shape) - 1 else grad
+    rows = (*(shape[i] for i in perm[:-1]), n, n)
+    i, j = np.indices((n, n))
+    own = const(i == j)  # [i, j]: x_i's own copy holds 1 at j = i
+    copies = where(own, const(np.ones((), dtype)), broadcast_to(expand_dims(moved, -2), rows))
+    others = cumprod(copies, axis=-1, exclusive=a.exclusive, reverse=a.reverse)
+    # x_i is a factor of y_j: j after i in the scan's direction (i itself too unless exclusive)
+    factor = (j > i if not a.reverse else j < i) | ((i == j) & (not a.exclusive))
+    terms = multiply(multiply(others, expand_dims(g, -2)), const(factor.astype(dtype)))
+    dx: Expr = sum(terms, axis=-1)
+    if axis != len(shape) - 1:
+        dx = transpose(dx, [int(k) for k in np.argsort(perm)])
+    return [dx]
+
+
 # the reductions' gradients by op name, for the loop that declares them
 GRADIENTS: dict[str, Callable[[Call, Expr], Grads]] = {
     "sum": sum_grad, "mean": mean_grad, "max": extreme_grad, "min": extreme_grad, "prod": prod_grad,

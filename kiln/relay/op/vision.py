@@ -23,6 +23,7 @@ from kiln.relay.op._rel import RelationError, tensor_args
 from kiln.relay.op.conv import (
     pair_field,
 )
+from kiln.relay.op.vision_grad import roi_align_grad
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 
@@ -162,7 +163,8 @@ def _roi_align_compute(attrs: RoiAlignAttrs, inputs: list[te.Tensor], out_type: 
     .set_support_level(5)
     .set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     .set_attr(attr.FReference, _roi_align_ref)
-    .set_attr(attr.FCompute, _roi_align_compute))
+    .set_attr(attr.FCompute, _roi_align_compute)
+    .set_attr(attr.FPrimalGradient, roi_align_grad))
 
 
 @constructor("nn.roi_align")

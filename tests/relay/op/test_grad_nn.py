@@ -11,6 +11,7 @@ from op_grad_helpers import (
     Case,
     case_params,
     check_op_grad,
+    finite_difference,
     gradient_exprs,
     ops_with_fewer_than_two_shapes,
     run_gradient,
@@ -30,6 +31,13 @@ def away_from_zero(*shape: int) -> np.ndarray:
     """Values with |x| >= 0.1: a kink at 0 (relu) is not within a finite difference's step."""
     x = rand(*shape)
     return np.where(np.abs(x) < 0.1, 0.1 + np.abs(x), x)
+
+
+def with_zeros(*shape: int) -> np.ndarray:
+    """Values with exact zeros among them: cumprod's gradient must not divide by an element."""
+    x = rand(*shape)
+    x.flat[::3] = 0.0
+    return x
 
 
 def distinct(*shape: int) -> np.ndarray:
@@ -94,6 +102,12 @@ CASES: list[Case] = [
     ("nn.conv2d", [rand(1, 2, 7, 6), rand(3, 2, 3, 2)], {"strides": 2, "padding": (1, 0, 2, 1)}),
     ("nn.conv2d", [rand(1, 4, 6, 6), rand(4, 2, 2, 3)], {"groups": 2, "dilation": (2, 1), "padding": 1}),
     ("nn.conv2d", [rand(1, 5, 6, 3), rand(3, 3, 3, 2)], {"data_layout": "NHWC", "strides": (1, 2), "padding": 1}),
+    ("nn.conv2d_transpose", [rand(1, 2, 3, 3), rand(2, 3, 3, 3)], {"strides": 2, "padding": 1,
+                                                                   "output_padding": 1}),
+    ("nn.conv2d_transpose", [rand(2, 4, 3, 2), rand(4, 1, 2, 2)], {"groups": 2}),
+    ("nn.conv2d_transpose", [rand(1, 2, 3, 4), rand(2, 2, 3, 2)], {"dilation": (2, 1), "padding": (1, 0, 2, 1)}),
+    ("nn.conv2d_transpose", [rand(1, 4, 2, 3), rand(4, 1, 2, 3)], {"strides": (1, 2), "dilation": 2, "groups": 4,
+                                                                   "output_padding": (1, 1), "padding": (0, 2, 1, 0)}),
     ("nn.max_pool2d", [distinct(1, 2, 4, 4)], {"pool_size": 2, "strides": 2}),
     ("nn.max_pool2d", [distinct(2, 1, 5, 6)], {"pool_size": (3, 2), "strides": (2, 1), "padding": 1}),
     ("nn.max_pool2d", [distinct(1, 5, 5, 2)], {"pool_size": 2, "strides": 2, "ceil_mode": True, "layout": "NHWC"}),
@@ -112,6 +126,10 @@ CASES: list[Case] = [
     ("cumsum", [rand(2, 3, 4)], {"axis": 0, "exclusive": True}),
     ("cumsum", [rand(5)], {"reverse": True}),
     ("cumsum", [rand(2, 5)], {"axis": -1, "reverse": True, "exclusive": True}),
+    ("cumprod", [with_zeros(3, 4)], {"axis": 1}),
+    ("cumprod", [with_zeros(3, 4)], {"axis": 0, "exclusive": True}),
+    ("cumprod", [rand(2, 3, 4)], {"axis": 1, "reverse": True}),
+    ("cumprod", [with_zeros(2, 5)], {"axis": -1, "reverse": True, "exclusive": True}),
 ]
 
 
@@ -180,3 +198,68 @@ def test_arg_reductions_say_why_they_have_no_gradient(op: str) -> None:
     entry = Op.get(op)
     assert entry.get_attr(attr.FPrimalGradient) is None
     assert "integer" in entry.get_attr(attr.TNonDifferentiable)
+
+
+def test_conv2d_transpose_gradient_of_float16_inputs_with_float32_out_dtype_is_float16() -> None:
+    x, w = rand(1, 2, 3, 3), rand(2, 2, 2, 2)
+    kw = {"strides": 2, "output_padding": 1}
+    g = rand(1, 2, 7, 7)
+    want, _ = run_gradient("nn.conv2d_transpose", [x, w], gvals=[g], **kw)
+    got, _ = run_gradient("nn.conv2d_transpose", [x.astype("float16"), w.astype("float16")],
+                          gvals=[g.astype("float32")], compiled=True, out_dtype="float32", **kw)
+    for a, b in zip(got, want, strict=True):
+        assert a is not None and b is not None and a.dtype == np.float16
+        np.testing.assert_allclose(a.astype(np.float64), b, rtol=2e-2, atol=2e-2)
+
+
+def _rois(*boxes: tuple[float, float, float, float]) -> np.ndarray:
+    return np.array(boxes, dtype=np.float64)
+
+
+# nn.roi_align: (data, rois, batch indices), attrs. The boxes get no gradient (see vision_grad), so these
+# check the data's only; the gradient is linear in the data (avg) or piecewise so (max), and the boxes stay
+# fixed, so central differences are exact up to rounding. A box past the image's edge has out-of-range
+# samples; a batch index past N is clamped.
+ROI_CASES: list[Case] = [
+    ("nn.roi_align", [rand(2, 2, 5, 6), _rois((0.3, 0.6, 4.1, 3.7), (-2.6, 1.2, 2.3, 5.9), (1.1, 0.2, 1.9, 1.3)),
+                      np.array([0, 1, 3], dtype=np.int32)],
+     {"output_size": (2, 3), "sampling_ratio": 2, "spatial_scale": 1.0}),
+    ("nn.roi_align", [rand(1, 3, 4, 4), _rois((1.3, 0.7, 6.2, 5.1), (0.2, 0.4, 1.1, 0.9)),
+                      np.array([0, 0], dtype=np.int64)],
+     {"output_size": 2, "sampling_ratio": 1, "spatial_scale": 0.6, "half_pixel": False}),
+    ("nn.roi_align", [distinct(2, 2, 5, 6), _rois((0.3, 0.6, 4.1, 3.7), (-2.6, 1.2, 2.3, 5.9), (7.6, 0.5, 9.4, 2.1)),
+                      np.array([1, 0, 0], dtype=np.int32)],
+     {"output_size": (2, 3), "sampling_ratio": 2, "mode": "max"}),
+    ("nn.roi_align", [np.abs(distinct(1, 2, 4, 5)) + 0.1, _rois((0.4, 0.3, 3.3, 3.6), (2.2, 1.7, 7.9, 6.1)),
+                      np.array([0, 2], dtype=np.int64)],
+     {"output_size": 2, "sampling_ratio": 3, "spatial_scale": 0.7, "mode": "max", "half_pixel": False}),
+]
+
+
+@pytest.mark.parametrize("compiled", MODES)
+@pytest.mark.parametrize("case", case_params(ROI_CASES))
+def test_roi_align_data_gradient_matches_finite_differences(case: Case, compiled: bool) -> None:
+    op, arrays, kw = case
+    got, gvals = run_gradient(op, arrays, compiled=compiled, **kw)
+    assert got[1] is None and got[2] is None  # the boxes and the indices take no gradient
+    want = finite_difference(op, list(arrays), 0, gvals, kw)
+    assert got[0] is not None and np.abs(want).max() > 0.1  # some gradient reaches the data
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_roi_align_cases_cover_two_shapes_of_each_mode() -> None:
+    for mode in ("avg", "max"):
+        cases = [c for c in ROI_CASES if c[2].get("mode", "avg") == mode]
+        assert not ops_with_fewer_than_two_shapes(cases) and cases
+
+
+def test_roi_align_max_splits_its_gradient_evenly_among_tied_candidates() -> None:
+    # one sample at (1.5, 1.5) of a constant image: its 4 weighted pixels (0.25 each) tie for the maximum
+    data = np.full((1, 1, 4, 4), 2.0)
+    rois, batch = _rois((0.5, 0.5, 2.5, 2.5)), np.array([0], dtype=np.int32)
+    for compiled in (False, True):
+        got, _ = run_gradient("nn.roi_align", [data, rois, batch], gvals=[np.array([[[[8.0]]]])], compiled=compiled,
+                              sampling_ratio=1, mode="max", half_pixel=False)
+        want = np.zeros((1, 1, 4, 4))
+        want[0, 0, 1:3, 1:3] = 8.0 / 4 * 0.25
+        np.testing.assert_array_equal(got[0], want)

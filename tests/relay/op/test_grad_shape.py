@@ -31,6 +31,11 @@ def ints(high: int, *shape: int, low: int = 0) -> np.ndarray:
     return RNG.integers(low, high, shape).astype(np.int32)
 
 
+def distinct(*shape: int) -> np.ndarray:
+    """Values without ties, at least 0.1 apart, of both signs: topk's picks do not move under a small step."""
+    n = int(np.prod(shape))
+    return ((RNG.permutation(n) - n / 2) * 0.1 + 0.05).reshape(shape)
+
 
 CASES: list[Case] = [
     ("reshape", [rand(2, 3, 4)], {"newshape": (6, -1)}),
@@ -78,6 +83,8 @@ CASES: list[Case] = [
     ("scatter_nd", [rand(3, 4), np.array([[0, 1], [2, 3], [0, 1]], np.int32), rand(3)], {"reduction": "add"}),
     ("scatter_nd", [rand(4, 2), np.array([[3], [0], [3]], np.int32), rand(3, 2)], {}),
     ("scatter_nd", [rand(3, 4), np.array([[0, 1], [2, 3], [1, 1]], np.int32), rand(3)], {}),
+    ("topk", [distinct(2, 3, 4)], {"k": 2, "axis": 1}),
+    ("topk", [distinct(6, 4)], {"k": 3, "largest": False}),
 ]
 
 
