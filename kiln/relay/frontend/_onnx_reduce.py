@@ -4,7 +4,8 @@ ReduceL1/L2/LogSum/LogSumExp/SumSquare, CumSum/CumProd, Hardmax, the
 normalizations (RMSNormalization, LpNormalization, GroupNormalization,
 MeanVarianceNormalization, LRN) and the losses (NegativeLogLikelihoodLoss,
 SoftmaxCrossEntropyLoss). Each is composed from Relay ops, except the scans,
-which are the `cumsum` / `cumprod` ops of `kiln.relay.op.reduce`. The attribute
+which are the `cumsum` / `cumprod` ops of `kiln.relay.op.reduce`, and the losses,
+which are `nn.nll_loss` / `nn.softmax_cross_entropy` (`kiln.relay.op.loss`). The attribute
 defaults and the corner cases (reductions of no elements, `noop_with_empty_axes`,
 `ignore_index`, weighted means) are ONNX's, as its reference implementation
 computes them.
@@ -166,17 +167,14 @@ _scan("CumProd", cumprod, 26)
 # --- losses ---------------------------------------------------------------------------------------
 
 
-def _nll(node: OnnxNode, logp: Expr, target: Expr, weight: Expr | None) -> Expr:
-    """ONNX's negative log likelihood of `target` under `logp` (N, C, d1..dk), reduced as the node says.
-
-    The picked element is a masked sum along the classes (no gather of a data-dependent index
-    is needed; the mask fuses into the sum). With mean reduction the sum of the losses is divided by
-    the sum of the weights of the elements not ignored (their count without `weight`), as ONNX does.
-    """
+def _loss(node: OnnxNode, scores: Expr, target: Expr, weight: Expr | None, softmax: bool) -> Expr:
+    """nn.softmax_cross_entropy (`softmax`) or nn.nll_loss of `scores` (N, C, d1..dk) and `target`, reduced as
+    the node says; the node's inputs are checked here first, so a mistake is named in ONNX's terms."""
     reduction = node.attr("reduction", "mean")
     if reduction not in ("none", "sum", "mean"):
         raise node.error(f"attribute 'reduction' must be 'none', 'sum' or 'mean', found {reduction!r}")
-    shape, tshape = node.shape(logp), node.shape(target)
+    _float_input(node, scores)
+    shape, tshape = node.shape(scores), node.shape(target)
     if len(shape) < 2:
         raise node.error(f"input #0 must have shape (N, C, d1, ..., dk), found rank {len(shape)}")
     if tuple(tshape) != (shape[0], *shape[2:]):
@@ -189,50 +187,23 @@ def _nll(node: OnnxNode, logp: Expr, target: Expr, weight: Expr | None) -> Expr:
         raise node.error(f"the class dim C must be static, found {c}")
     if weight is not None and tuple(node.shape(weight)) != (c,):
         raise node.error(f"input #2 (weight) must have shape ({c},), found {tuple(node.shape(weight))}")
-    tdtype = node.dtype(target).numpy()
-    classes = relay.const(np.arange(c, dtype=tdtype).reshape((c,) + (1,) * (len(shape) - 2)))
-    hit = relay.equal(relay.expand_dims(target, 1), classes)
-    zero = _const(node, logp, 0.0)
-    loss = relay.negative(relay.sum(relay.where(hit, logp, zero), 1))
-    ignore = node.attrs.get("ignore_index")
-    valid = None
-    if ignore is not None:
-        valid = relay.not_equal(target, relay.const(np.asarray(node.int_attr("ignore_index"), tdtype)))
-    w = None
-    if weight is not None:
-        w = relay.take(weight, target, axis=0, mode="clip")
-        if valid is not None:
-            w = relay.where(valid, w, zero)
-        loss = relay.multiply(loss, w)
-    elif valid is not None:
-        loss = relay.where(valid, loss, zero)
-        w = relay.cast(valid, node.dtype(logp))
-    if reduction == "none":
-        return loss
-    total = relay.sum(loss)
-    if reduction == "sum":
-        return total
-    if w is None:
-        return relay.mean(loss)
-    return relay.divide(total, relay.sum(w))
+    ignore = node.int_attr("ignore_index") if "ignore_index" in node.attrs else None
+    make = relay.nn.softmax_cross_entropy if softmax else relay.nn.nll_loss
+    return make(scores, target, weight, ignore_index=ignore, reduction=reduction)
 
 
 @onnx_converter("NegativeLogLikelihoodLoss", since=12)
 def _negative_log_likelihood_loss(node: OnnxNode) -> Expr:
-    x = node.input(0)
-    _float_input(node, x)
-    return _nll(node, x, node.input(1, "target"), node.optional_input(2))
+    return _loss(node, node.input(0), node.input(1, "target"), node.optional_input(2), softmax=False)
 
 
 @onnx_converter("SoftmaxCrossEntropyLoss", since=12)
 def _softmax_cross_entropy_loss(node: OnnxNode) -> list[Expr]:
     scores = node.input(0)
-    _float_input(node, scores)
-    if node.ndim(scores) < 2:
-        raise node.error(f"input #0 (scores) must have shape (N, C, d1, ..., dk), found rank {node.ndim(scores)}")
-    log_prob = relay.nn.log_softmax(scores, axis=1)
-    loss = _nll(node, log_prob, node.input(1, "labels"), node.optional_input(2))
-    return [loss, log_prob] if len(node.outputs) > 1 and node.outputs[1] else [loss]
+    loss = _loss(node, scores, node.input(1, "labels"), node.optional_input(2), softmax=True)
+    if len(node.outputs) > 1 and node.outputs[1]:
+        return [loss, relay.nn.log_softmax(scores, axis=1)]
+    return [loss]
 
 
 # --- normalizations -------------------------------------------------------------------------------
