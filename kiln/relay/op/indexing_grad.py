@@ -7,6 +7,7 @@ are used: `indexing.py` imports this module before they exist.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from kiln.ir.types import TensorType, TupleType
 from kiln.relay.expr import Call, Expr, Tuple, TupleGetItem, const
-from kiln.relay.op._grad import OpGradientError, shape_of
+from kiln.relay.op._grad import shape_of
 
 Grads = list[Expr | None]
 
@@ -161,14 +162,60 @@ def topk_grad(call: Call, grad: Expr) -> Grads:
 
 def gather_nd_grad(call: Call, grad: Expr) -> Grads:
     """data: the gradient's slices added into zeros at the index tuples (scatter_nd with reduction add);
-    indices: none. batch_dims > 0 is not differentiable yet."""
+    indices: none. With batch_dims b, the batch dims are flattened into one and each index tuple gets its
+    batch's position in front, which makes it a gather of batch_dims 0."""
     from kiln.relay.op.indexing import scatter_nd
+    from kiln.relay.op.shape import broadcast_to, concatenate, reshape
 
     x, indices = call.args
-    if attrs_of(call).batch_dims:
-        raise OpGradientError(
-            f"gather_nd: no gradient with batch_dims={attrs_of(call).batch_dims} yet (only batch_dims=0)")
-    return [scatter_nd(_zeros(shape_of(x), _dtype(x)), indices, grad, "add"), None]
+    b = attrs_of(call).batch_dims
+    if not b:
+        return [scatter_nd(_zeros(shape_of(x), _dtype(x)), indices, grad, "add"), None]
+    xs, ids, gs = shape_of(x), shape_of(indices), shape_of(call)
+    batch = math.prod(xs[:b])
+    flat_ids = reshape(indices, (batch, *ids[b:]))
+    # each index tuple's batch position, (batch, ...indices' middle dims, 1), in the indices' dtype
+    where_ = np.arange(batch, dtype=_dtype(indices)).reshape((batch,) + (1,) * (len(ids) - b))
+    lead = broadcast_to(const(where_), (batch, *ids[b:-1], 1))
+    flat = scatter_nd(_zeros((batch, *xs[b:]), _dtype(x)), concatenate([lead, flat_ids], -1),
+                      reshape(grad, (batch, *gs[b:])), "add")
+    return [reshape(flat, xs), None]
+
+
+def _extreme_scatter_grads(call: Call, grad: Expr, gather: Any, scatter_add: Any) -> Grads:
+    """max and min: the gradient of each element to the values equal to the result there (the data's and
+    the updates that landed on it), split evenly among ties, as the max reduction's."""
+    from kiln.relay.op.tensor import cast, divide, equal, multiply
+
+    x, _, updates = call.args
+    dtype = _dtype(x)
+    data_won = cast(equal(x, call), dtype)
+    update_won = cast(equal(updates, gather(call)), dtype)
+    share = divide(grad, scatter_add(data_won, update_won))
+    return [multiply(share, data_won), None, multiply(gather(share), update_won)]
+
+
+def _product_scatter_grads(call: Call, grad: Expr, gather: Any, scatter: Any, scatter_add: Any) -> Grads:
+    """mul: each factor's gradient is the gradient times the product of the other factors at its position
+    (the data and the updates that landed there), exact where some of them are 0: the product of the
+    nonzero updates and the count of zeros are scattered apart, and an update's others are that product
+    over its own value (if nonzero), times 0 unless no other factor there is 0."""
+    from kiln.relay.op.creation import ones_like
+    from kiln.relay.op.tensor import cast, divide, equal, multiply, where
+
+    x, _, updates = call.args
+    dtype = _dtype(x)
+    zero, one = const(np.zeros((), dtype)), const(np.ones((), dtype))
+    is_zero = equal(updates, zero)
+    nonzero = where(is_zero, one, updates)
+    prod_nz = scatter(ones_like(x), nonzero)  # the product of the nonzero updates at each position
+    zeros = scatter_add(_zeros(shape_of(x), dtype), cast(is_zero, dtype))  # how many of them are 0
+    no_zero_update = cast(equal(zeros, zero), dtype)
+    d_data = multiply(grad, multiply(prod_nz, no_zero_update))
+    # an update's other factors: the data, the other nonzero updates; 0 if another update there is 0
+    alone = cast(equal(gather(zeros), cast(is_zero, dtype)), dtype)
+    d_updates = multiply(multiply(gather(multiply(grad, multiply(x, prod_nz))), alone), divide(one, nonzero))
+    return [d_data, None, d_updates]
 
 
 def _scatter_grads(call: Call, grad: Expr, nd: bool) -> Grads:
@@ -176,25 +223,30 @@ def _scatter_grads(call: Call, grad: Expr, nd: bool) -> Grads:
     update the gradient where it landed; with none, data gets the gradient where no update landed, and
     an update the gradient where it landed if it won there (of duplicates the last wins, as in the
     forward: each update writes its position into a tensor of -1 by the same scatter, and reads back
-    whether its own position stayed). The other reductions are not differentiable yet."""
+    whether its own position stayed); max, min and mul: see `_extreme_scatter_grads` and
+    `_product_scatter_grads`."""
     from kiln.relay.op.creation import full, zeros_like
     from kiln.relay.op.indexing import gather_elements, gather_nd, scatter_elements, scatter_nd
     from kiln.relay.op.tensor import equal, where
 
     x, indices, updates = call.args
     attrs = attrs_of(call)
-    name = "scatter_nd" if nd else "scatter_elements"
 
     def gather(e: Expr) -> Expr:
         return gather_nd(e, indices) if nd else gather_elements(e, indices, attrs.axis)
 
-    def scatter(data: Expr, values: Expr) -> Expr:
-        return scatter_nd(data, indices, values) if nd else scatter_elements(data, indices, values, attrs.axis)
+    def scatter(data: Expr, values: Expr, reduction: str = "none") -> Expr:
+        if nd:
+            return scatter_nd(data, indices, values, reduction)
+        return scatter_elements(data, indices, values, attrs.axis, reduction)
 
     if attrs.reduction == "add":
         return [grad, None, gather(grad)]
-    if attrs.reduction != "none":
-        raise OpGradientError(f"{name}: no gradient for reduction {attrs.reduction!r} yet (none or add)")
+    if attrs.reduction in ("max", "min"):
+        return _extreme_scatter_grads(call, grad, gather, lambda d, v: scatter(d, v, "add"))
+    if attrs.reduction == "mul":
+        return _product_scatter_grads(call, grad, gather, lambda d, v: scatter(d, v, "mul"),
+                                      lambda d, v: scatter(d, v, "add"))
     shape = shape_of(updates)
     position = const(np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int32).reshape(shape))
     won = equal(gather(scatter(full(-1, shape_of(x), "int32"), position)), position)

@@ -21,7 +21,7 @@ from kiln.relay.expr import Call, Expr, Tuple, TupleGetItem, const
 from kiln.relay.op._grad import OpGradientError, collapse_sum_to, shape_of
 from kiln.relay.op.creation import zeros_like
 from kiln.relay.op.reduce import mean, sum
-from kiln.relay.op.shape import reshape, transpose
+from kiln.relay.op.shape import reshape
 from kiln.relay.op.tensor import (
     add,
     cast,
@@ -151,20 +151,61 @@ def dropout_grad(call: Call, grad: Expr) -> Grads:
 
 def pad_grad(call: Call, grad: Expr) -> Grads:
     """Constant mode: data gets the gradient's middle (the input's place); pad_value the sum of the rest.
-    The other modes read the input more than once: not differentiable yet."""
+    Edge, reflect and wrap: each padded axis in turn folds the gradient back onto the input positions that
+    its elements were read from (`_fold_axis`); pad_value is not read."""
     from kiln.relay.op.indexing import strided_slice
 
     x = call.args[0]
     attrs = attrs_of(call)
-    if attrs.pad_mode != "constant":
-        raise OpGradientError(f"nn.pad: no gradient for pad_mode {attrs.pad_mode!r} yet (only 'constant')")
     shape = shape_of(x)
     axes = [i for i, (b, a) in enumerate(attrs.pad_width) if b or a]
+    if attrs.pad_mode != "constant":
+        g, gshape = grad, list(shape_of(call))
+        for axis in axes:
+            src = np.pad(np.arange(shape[axis]), attrs.pad_width[axis], mode=attrs.pad_mode)
+            g = _fold_axis(g, tuple(gshape), axis, src, shape[axis], dtype_of(x))
+            gshape[axis] = shape[axis]
+        return [g, zeros_like(call.args[1])]
     if not axes:
         return [grad, zeros_like(call.args[1])]
     begin = [attrs.pad_width[i][0] for i in axes]
     inner = strided_slice(grad, begin, [b + shape[i] for b, i in zip(begin, axes, strict=True)], axes=axes)
     return [inner, subtract(sum(grad), sum(inner))]
+
+
+def _fold_axis(g: Expr, gshape: tuple[int, ...], axis: int, src: Any, size: int, dtype: str) -> Expr:
+    """The gradient of reading `g`'s positions along `axis` from input positions `src` (one per position,
+    numpy ints): each input position gets the sum of the positions that read it. The positions split into
+    runs whose sources step by +1 or -1 (a slice put back with `unslice_axis`) or repeat one (summed first,
+    as edge mode's pads)."""
+    from kiln.relay.op.indexing import strided_slice
+    from kiln.relay.op.indexing_grad import unslice_axis
+    from kiln.relay.op.tensor import add
+
+    terms: list[Expr] = []
+    start = 0
+    while start < len(src):
+        step = int(src[start + 1] - src[start]) if start + 1 < len(src) else 1
+        stop = start + 1
+        if step in (-1, 0, 1):
+            while stop < len(src) and src[stop] - src[stop - 1] == step:
+                stop += 1
+        else:
+            step = 1
+        piece: Expr = strided_slice(g, [start], [stop], axes=[axis])
+        shape = list(gshape)
+        shape[axis] = stop - start
+        first = int(src[start])
+        if step == 0:
+            piece, shape[axis], picked = sum(piece, axis=axis, keepdims=True), 1, range(first, first + 1)
+        else:
+            picked = range(first, first + step * (stop - start), step)
+        terms.append(unslice_axis(piece, tuple(shape), axis, size, picked, dtype))
+        start = stop
+    out = terms[0]
+    for t in terms[1:]:
+        out = add(out, t)
+    return out
 
 
 # --- matrix products -----------------------------------------------------------------------------
@@ -178,7 +219,7 @@ def _in_dtype(call: Call, grad: Expr) -> Expr:
 
 def dense_grad(call: Call, grad: Expr) -> Grads:
     """data: g @ W; weight: g^T @ data, the leading dims of data and g flattened into one."""
-    from kiln.relay.op.matmul import dense, matmul
+    from kiln.relay.op.matmul import matmul
 
     x, w = call.args
     if attrs_of(call).weight_layout != "NK":
@@ -188,9 +229,13 @@ def dense_grad(call: Call, grad: Expr) -> Grads:
         )
     g = _in_dtype(call, grad)
     k, n = shape_of(x)[-1], shape_of(w)[0]
-    dx = dense(g, transpose(w, (1, 0)))
-    dw = matmul(reshape(g, (-1, n)), reshape(x, (-1, k)), transpose_a=True)
-    return [dx, dw]
+    xs = shape_of(x)
+    if len(xs) != 2:
+        g, x = reshape(g, (-1, n)), reshape(x, (-1, k))
+    dx: Expr = matmul(g, w)  # not dense(g, w^T): a weight given at run time would be transposed on every call
+    if len(xs) != 2:
+        dx = reshape(dx, xs)
+    return [dx, matmul(g, x, transpose_a=True)]
 
 
 def _product_grads(call: Call, grad: Expr, product: Any) -> Grads:

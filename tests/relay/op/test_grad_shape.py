@@ -17,7 +17,6 @@ from op_grad_helpers import (
 from op_helpers import make_attrs
 
 from kiln import relay
-from kiln.errors import KilnError
 from kiln.registry import Op, attr
 
 RNG = np.random.default_rng(11)
@@ -29,6 +28,13 @@ def rand(*shape: int) -> np.ndarray:
 
 def ints(high: int, *shape: int, low: int = 0) -> np.ndarray:
     return RNG.integers(low, high, shape).astype(np.int32)
+
+
+def with_zeros(*shape: int) -> np.ndarray:
+    """Values with exact zeros among them (every other one): a product's gradient must not divide by them."""
+    x = rand(*shape)
+    x.flat[::2] = 0.0
+    return x
 
 
 def distinct(*shape: int) -> np.ndarray:
@@ -83,6 +89,20 @@ CASES: list[Case] = [
     ("scatter_nd", [rand(3, 4), np.array([[0, 1], [2, 3], [0, 1]], np.int32), rand(3)], {"reduction": "add"}),
     ("scatter_nd", [rand(4, 2), np.array([[3], [0], [3]], np.int32), rand(3, 2)], {}),
     ("scatter_nd", [rand(3, 4), np.array([[0, 1], [2, 3], [1, 1]], np.int32), rand(3)], {}),
+    ("gather_nd", [rand(2, 3), np.array([[1], [2]], np.int32)], {"batch_dims": 1}),
+    ("gather_nd", [rand(2, 3, 4, 2), np.array([[[0, 1], [2, 3], [2, 3]], [[1, 0], [0, 0], [2, -1]]], np.int32)],
+     {"batch_dims": 1}),
+    ("gather_nd", [rand(2, 2, 3), np.array([[[2], [0]], [[1], [1]]], np.int32)], {"batch_dims": 2}),
+    # max / min / mul: repeated positions, ties between the data and an update, zeros among the factors
+    ("scatter_elements", [distinct(3, 4), ints(3, 2, 4), distinct(2, 4)], {"reduction": "max"}),
+    ("scatter_elements", [distinct(3, 4), np.array([[0, 2, 3], [0, 2, 1]], np.int32), distinct(2, 3)],
+     {"axis": 1, "reduction": "min"}),
+    ("scatter_elements", [rand(3, 4), np.array([[0, 1, 0, 2], [0, 1, 2, 2]], np.int32), with_zeros(2, 4)],
+     {"reduction": "mul"}),
+    ("scatter_elements", [rand(2, 3), np.array([[1, 1], [0, 2]], np.int32), with_zeros(2, 2)],
+     {"axis": 1, "reduction": "mul"}),
+    ("scatter_nd", [distinct(4, 2), np.array([[3], [0], [3]], np.int32), distinct(3, 2)], {"reduction": "max"}),
+    ("scatter_nd", [rand(3, 4), np.array([[0, 1], [2, 3], [0, 1]], np.int32), with_zeros(3)], {"reduction": "mul"}),
     ("topk", [distinct(2, 3, 4)], {"k": 2, "axis": 1}),
     ("topk", [distinct(6, 4)], {"k": 3, "largest": False}),
 ]
@@ -125,11 +145,6 @@ def test_scatter_gives_an_overwritten_update_no_gradient() -> None:
     (dx, _, dupd), _ = run_gradient("scatter_nd", [rand(3, 2), indices, rand(3, 2)], gvals=[g])
     np.testing.assert_array_equal(dx, [[0, 0], [0, 0], [4, 5]])
     np.testing.assert_array_equal(dupd, [[0, 0], [0, 1], [2, 3]])
-
-
-def test_gather_nd_with_batch_dims_says_it_has_no_gradient_yet() -> None:
-    with pytest.raises(KilnError, match=r"gather_nd.*batch_dims=1"):
-        gradient_exprs("gather_nd", [rand(2, 3), np.array([[1], [2]], np.int32)], batch_dims=1)
 
 
 @pytest.mark.parametrize("shape", [(3,), (2, 4)])
