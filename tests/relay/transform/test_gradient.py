@@ -274,3 +274,21 @@ def test_every_op_of_tensor_py_has_a_gradient_or_a_reason() -> None:
         op = Op.get(name)
         assert op.has_attr(attr.FPrimalGradient) != op.has_attr(attr.TNonDifferentiable), name
     assert Op.get("less").get_attr(attr.TNonDifferentiable).startswith("a comparison")
+
+
+# the modules whose tests check named ops' gradients against finite differences (check_op_grad cases)
+_OP_GRAD_TESTS = ["relay/op/test_grad_nn.py", "relay/op/test_grad_shape.py", "relay/op/test_grad_image.py",
+                  "relay/op/test_loss.py"]
+
+
+def test_every_op_with_a_gradient_is_checked_against_finite_differences() -> None:
+    import pathlib
+
+    import kiln.relay.op  # noqa: F401  (every family module registered)
+
+    tests = pathlib.Path(__file__).parents[2]
+    text = "".join((tests / f).read_text() for f in _OP_GRAD_TESTS)
+    checked = {*UNARY_OPS, *BINARY_OPS, "clip", "where", "cast"}
+    checked |= {name for name in Op.list_names() if f'"{name}"' in text}
+    with_gradient = {name for name in Op.list_names() if Op.get(name).has_attr(attr.FPrimalGradient)}
+    assert not with_gradient - checked, "gradients no finite-difference test checks"
