@@ -33,6 +33,14 @@ def shape_of(e: Expr) -> tuple[int, ...]:
     return tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
 
 
+def dtype_of(e: Expr) -> str:
+    """The dtype of a typed tensor expression."""
+    t = e.checked_type
+    if not isinstance(t, TensorType):
+        raise TypeError(f"a gradient needs a tensor, found {t}")
+    return str(t.dtype)
+
+
 def collapse_sum_to(grad: Expr, grad_shape: Sequence[int], shape: Sequence[int]) -> Expr:
     """`grad` (of the broadcast shape `grad_shape`) summed back to `shape`, as numpy broadcasting expanded it.
 
@@ -72,4 +80,4 @@ def _reshape_attrs(shape: tuple[int, ...]) -> Attrs:
     return ReshapeAttrs.make("reshape", newshape=shape)
 
 
-__all__ = ["Call", "OpGradientError", "collapse_sum_like", "collapse_sum_to", "shape_of"]
+__all__ = ["Call", "OpGradientError", "collapse_sum_like", "collapse_sum_to", "dtype_of", "shape_of"]

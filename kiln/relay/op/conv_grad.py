@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from kiln.relay.expr import Call, Expr, const
-from kiln.relay.op._grad import OpGradientError, shape_of
+from kiln.relay.op._grad import OpGradientError, dtype_of, shape_of
 from kiln.relay.op.indexing import strided_slice
 from kiln.relay.op.indexing_grad import unslice_axis
 from kiln.relay.op.reduce import sum
@@ -38,9 +38,6 @@ def attrs_of(call: Call) -> Any:
     """The call's attrs, of its op's attrs class."""
     return call.attrs
 
-
-def _dtype(e: Expr) -> str:
-    return str(e.checked_type.dtype)  # type: ignore[attr-defined]
 
 
 def _hw_axes(layout: str) -> tuple[int, int]:
@@ -102,7 +99,7 @@ def conv2d_grad(call: Call, grad: Expr) -> Grads:
         raise OpGradientError(
             f"nn.conv2d: no gradient for a weight packed as {a.kernel_layout} (AlterOpLayout's form); "
             f"differentiate the model before AlterOpLayout (relay.build's passes) runs")
-    g = grad if _dtype(call) == _dtype(x) else cast(grad, _dtype(x))
+    g = grad if dtype_of(call) == dtype_of(x) else cast(grad, dtype_of(x))
     xs, ws, gs = shape_of(x), shape_of(w), shape_of(call)
     if a.data_layout == "NCHW" and a.kernel_layout == "OIHW":
         dx, dw = _conv2d_nchw_grads(x, w, g, xs, ws, gs, a)
@@ -134,7 +131,7 @@ def conv2d_transpose_grad(call: Call, grad: Expr) -> Grads:
 
     x, w = call.args
     a = attrs_of(call)
-    g = grad if _dtype(call) == _dtype(x) else cast(grad, _dtype(x))
+    g = grad if dtype_of(call) == dtype_of(x) else cast(grad, dtype_of(x))
     xs, ws, gs = shape_of(x), shape_of(w), shape_of(call)
     dx: Expr = conv2d(g, w, a.strides, a.padding, a.dilation, a.groups)
     # an output_padding of a stride or more (allowed below the dilation) makes the conv2d's output longer than
@@ -157,7 +154,7 @@ class _Taps:
         self.a = attrs_of(call)
         self.x = call.args[0]
         self.shape = shape_of(self.x)
-        self.dtype = _dtype(self.x)
+        self.dtype = dtype_of(self.x)
         self.hax, self.wax = _hw_axes(self.a.layout)
         self.out = shape_of(call)
         self.oh, self.ow = self.out[self.hax], self.out[self.wax]
@@ -250,7 +247,7 @@ def global_avg_pool2d_grad(call: Call, grad: Expr) -> Grads:
     x = call.args[0]
     shape = shape_of(x)
     hax, wax = _hw_axes(attrs_of(call).layout)
-    scale = const(np.asarray(1.0 / (shape[hax] * shape[wax]), _dtype(x)))
+    scale = const(np.asarray(1.0 / (shape[hax] * shape[wax]), dtype_of(x)))
     return [broadcast_to(multiply(grad, scale), shape)]
 
 
@@ -258,6 +255,6 @@ def global_max_pool2d_grad(call: Call, grad: Expr) -> Grads:
     """The gradient to the elements of each plane equal to its maximum, split evenly among ties."""
     x = call.args[0]
     shape = shape_of(x)
-    hit = cast(equal(x, broadcast_to(call, shape)), _dtype(x))
+    hit = cast(equal(x, broadcast_to(call, shape)), dtype_of(x))
     ties = sum(hit, axis=_hw_axes(attrs_of(call).layout), keepdims=True)
     return [multiply(hit, broadcast_to(divide(grad, ties), shape))]

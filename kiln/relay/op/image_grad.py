@@ -29,9 +29,8 @@ import attrs
 import numpy as np
 
 from kiln.ir.dtype import DataType
-from kiln.ir.types import TensorType
 from kiln.relay.expr import Call, Expr, const
-from kiln.relay.op._grad import shape_of
+from kiln.relay.op._grad import dtype_of, shape_of
 from kiln.relay.op.indexing import gather_elements, scatter_elements, strided_slice
 from kiln.relay.op.reduce import sum
 from kiln.relay.op.shape import broadcast_to, reshape, stack
@@ -58,14 +57,9 @@ from kiln.relay.op.tensor import (
 Grads = list[Expr | None]
 
 
-def _dtype(e: Expr) -> str:
-    t = e.checked_type
-    assert isinstance(t, TensorType)
-    return str(t.dtype)
-
 
 def _is_float(e: Expr) -> bool:
-    return DataType.of(_dtype(e)).is_float
+    return DataType.of(dtype_of(e)).is_float
 
 
 # --- image.resize ---------------------------------------------------------------------------------
@@ -106,7 +100,7 @@ def resize_grad(call: Call, grad: Expr) -> Grads:
         return [None]
     a: Any = call.attrs
     shape = shape_of(data)
-    dtype = _dtype(data)
+    dtype = dtype_of(data)
     axes = _checked_axes(a, len(shape))
     active = {ax.axis for ax in _plan(a, shape)}
     g, gshape = grad, list(shape_of(call))
@@ -277,8 +271,8 @@ def grid_sample_grad(call: Call, grad: Expr) -> Grads:
     nd = len(sizes)
     p = int(np.prod(gshape[1:-1]))
     s = int(np.prod(sizes))
-    ft = "float64" if "float64" in (_dtype(data), _dtype(grid)) else "float32"
-    wide = "float64" if _dtype(grid) == "float64" else "float32"
+    ft = "float64" if "float64" in (dtype_of(data), dtype_of(grid)) else "float32"
+    wide = "float64" if dtype_of(grid) == "float64" else "float32"
     per_axis = []
     for ax in range(nd):
         # grid entry nd - 1 - ax indexes spatial axis ax (entry 0 is x, the last axis)
@@ -298,7 +292,7 @@ def grid_sample_grad(call: Call, grad: Expr) -> Grads:
     if _is_float(data):
         updates = reshape(multiply(g, reshape(_product(weights), (n, 1, k, p))), (n, c, k * p))
         flat_grad = scatter_elements(zeros((n, c, s), ft), index, updates, axis=2, reduction="add")
-        grads[0] = cast(reshape(flat_grad, dshape), _dtype(data))
+        grads[0] = cast(reshape(flat_grad, dshape), dtype_of(data))
     if a.method == "nearest":
         grads[1] = zeros_like(grid)
         return grads
@@ -310,5 +304,5 @@ def grid_sample_grad(call: Call, grad: Expr) -> Grads:
         assert dw is not None  # linear and cubic have weight derivatives
         factors = [_spread(dw, ax, nd, taps, (n, p)) if b == ax else weights[b] for b in range(nd)]
         coords.append(sum(multiply(h, reshape(_product(factors), (n, k, p))), axis=1))
-    grads[1] = cast(reshape(stack(coords, axis=-1), gshape), _dtype(grid))
+    grads[1] = cast(reshape(stack(coords, axis=-1), gshape), dtype_of(grid))
     return grads

@@ -15,7 +15,7 @@ import numpy as np
 
 from kiln.ir.types import TensorType, TupleType
 from kiln.relay.expr import Call, Expr, Tuple, TupleGetItem, const
-from kiln.relay.op._grad import shape_of
+from kiln.relay.op._grad import dtype_of, shape_of
 
 Grads = list[Expr | None]
 
@@ -26,11 +26,6 @@ def attrs_of(call: Call) -> Any:
 
 
 
-
-def _dtype(e: Expr) -> str:
-    t = e.checked_type
-    assert isinstance(t, TensorType)
-    return str(t.dtype)
 
 
 def _zeros(shape: Sequence[int], dtype: str) -> Expr:
@@ -91,7 +86,7 @@ def strided_slice_grad(call: Call, grad: Expr) -> Grads:
     """The gradient put back where the slice took it, zeros elsewhere, one sliced axis at a time."""
     (x,) = call.args
     dims = shape_of(x)
-    dtype = _dtype(x)
+    dtype = dtype_of(x)
     shape = shape_of(call)
     g = grad
     for axis, begin, end, stride in attrs_of(call).slices(len(dims)):
@@ -106,7 +101,7 @@ def _index_in_range(indices: Expr, size: int, mode: str) -> Expr:
     ones counting from the end, which scatter_elements does as well)."""
     from kiln.relay.op.tensor import floor_mod, maximum, minimum
 
-    dtype = _dtype(indices)
+    dtype = dtype_of(indices)
     if mode == "clip":
         return maximum(minimum(indices, const(np.asarray(size - 1, dtype))), const(np.zeros((), dtype)))
     if mode == "wrap":
@@ -122,7 +117,7 @@ def take_grad(call: Call, grad: Expr) -> Grads:
     from kiln.relay.op.shape import broadcast_to, reshape
 
     x, indices = call.args
-    dims, dtype = shape_of(x), _dtype(x)
+    dims, dtype = shape_of(x), dtype_of(x)
     count = int(np.prod(shape_of(indices), dtype=np.int64))
     if attrs_of(call).axis is None:
         size = int(np.prod(dims, dtype=np.int64))
@@ -143,7 +138,7 @@ def gather_elements_grad(call: Call, grad: Expr) -> Grads:
     from kiln.relay.op.indexing import scatter_elements
 
     x, indices = call.args
-    return [scatter_elements(_zeros(shape_of(x), _dtype(x)), indices, grad, attrs_of(call).axis, "add"), None]
+    return [scatter_elements(_zeros(shape_of(x), dtype_of(x)), indices, grad, attrs_of(call).axis, "add"), None]
 
 
 def topk_grad(call: Call, grad: Expr) -> Grads:
@@ -155,9 +150,9 @@ def topk_grad(call: Call, grad: Expr) -> Grads:
     given = list(grad) if isinstance(grad, (list, tuple)) else None
     g = given[0] if given is not None else grad.fields[0] if isinstance(grad, Tuple) else TupleGetItem(grad, 0)
     if g is None:
-        return [_zeros(shape_of(x), _dtype(x))]
+        return [_zeros(shape_of(x), dtype_of(x))]
     indices = TupleGetItem(call, 1)
-    return [scatter_elements(_zeros(shape_of(x), _dtype(x)), indices, g, attrs_of(call).axis, "add")]
+    return [scatter_elements(_zeros(shape_of(x), dtype_of(x)), indices, g, attrs_of(call).axis, "add")]
 
 
 def gather_nd_grad(call: Call, grad: Expr) -> Grads:
@@ -170,14 +165,14 @@ def gather_nd_grad(call: Call, grad: Expr) -> Grads:
     x, indices = call.args
     b = attrs_of(call).batch_dims
     if not b:
-        return [scatter_nd(_zeros(shape_of(x), _dtype(x)), indices, grad, "add"), None]
+        return [scatter_nd(_zeros(shape_of(x), dtype_of(x)), indices, grad, "add"), None]
     xs, ids, gs = shape_of(x), shape_of(indices), shape_of(call)
     batch = math.prod(xs[:b])
     flat_ids = reshape(indices, (batch, *ids[b:]))
     # each index tuple's batch position, (batch, ...indices' middle dims, 1), in the indices' dtype
-    where_ = np.arange(batch, dtype=_dtype(indices)).reshape((batch,) + (1,) * (len(ids) - b))
+    where_ = np.arange(batch, dtype=dtype_of(indices)).reshape((batch,) + (1,) * (len(ids) - b))
     lead = broadcast_to(const(where_), (batch, *ids[b:-1], 1))
-    flat = scatter_nd(_zeros((batch, *xs[b:]), _dtype(x)), concatenate([lead, flat_ids], -1),
+    flat = scatter_nd(_zeros((batch, *xs[b:]), dtype_of(x)), concatenate([lead, flat_ids], -1),
                       reshape(grad, (batch, *gs[b:])), "add")
     return [reshape(flat, xs), None]
 
@@ -188,7 +183,7 @@ def _extreme_scatter_grads(call: Call, grad: Expr, gather: Any, scatter_add: Any
     from kiln.relay.op.tensor import cast, divide, equal, multiply
 
     x, _, updates = call.args
-    dtype = _dtype(x)
+    dtype = dtype_of(x)
     data_won = cast(equal(x, call), dtype)
     update_won = cast(equal(updates, gather(call)), dtype)
     share = divide(grad, scatter_add(data_won, update_won))
@@ -204,7 +199,7 @@ def _product_scatter_grads(call: Call, grad: Expr, gather: Any, scatter: Any, sc
     from kiln.relay.op.tensor import cast, divide, equal, multiply, where
 
     x, _, updates = call.args
-    dtype = _dtype(x)
+    dtype = dtype_of(x)
     zero, one = const(np.zeros((), dtype)), const(np.ones((), dtype))
     is_zero = equal(updates, zero)
     nonzero = where(is_zero, one, updates)
@@ -250,7 +245,7 @@ def _scatter_grads(call: Call, grad: Expr, nd: bool) -> Grads:
     shape = shape_of(updates)
     position = const(np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int32).reshape(shape))
     won = equal(gather(scatter(full(-1, shape_of(x), "int32"), position)), position)
-    return [scatter(grad, zeros_like(updates)), None, where(won, gather(grad), const(np.zeros((), _dtype(x))))]
+    return [scatter(grad, zeros_like(updates)), None, where(won, gather(grad), const(np.zeros((), dtype_of(x))))]
 
 
 def scatter_elements_grad(call: Call, grad: Expr) -> Grads:

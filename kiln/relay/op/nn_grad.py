@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir.types import TensorType
 from kiln.relay.expr import Call, Expr, Tuple, TupleGetItem, const
-from kiln.relay.op._grad import OpGradientError, collapse_sum_to, shape_of
+from kiln.relay.op._grad import OpGradientError, collapse_sum_to, dtype_of, shape_of
 from kiln.relay.op.creation import zeros_like
 from kiln.relay.op.reduce import mean, sum
 from kiln.relay.op.shape import reshape
@@ -44,13 +43,6 @@ def attrs_of(call: Call) -> Any:
 
 
 
-
-def dtype_of(e: Expr) -> str:
-    """The dtype of a typed tensor expression."""
-    t = e.checked_type
-    if not isinstance(t, TensorType):
-        raise TypeError(f"a gradient needs a tensor, found {t}")
-    return str(t.dtype)
 
 
 def scalar(value: float, like: Expr) -> Expr:

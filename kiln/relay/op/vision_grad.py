@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from kiln.relay.expr import Call, Expr, const
-from kiln.relay.op._grad import shape_of
+from kiln.relay.op._grad import dtype_of, shape_of
 from kiln.relay.op.creation import zeros
 from kiln.relay.op.indexing import gather_elements, scatter_elements, strided_slice, take
 from kiln.relay.op.matmul import matmul
@@ -50,9 +50,6 @@ from kiln.relay.op.tensor import (
 
 Grads = list[Expr | None]
 
-
-def _dtype(e: Expr) -> str:
-    return str(e.checked_type.dtype)  # type: ignore[attr-defined]
 
 
 class _Axis:
@@ -109,7 +106,7 @@ def _into_images(per_roi: Expr, batch: Expr, data_shape: tuple[int, ...], dtype:
     n, c, h, w = data_shape
     rois_n = shape_of(batch)[0]
     index = clip(batch, 0, n - 1)
-    images = const(np.arange(n, dtype=_dtype(batch)).reshape(n, 1))
+    images = const(np.arange(n, dtype=dtype_of(batch)).reshape(n, 1))
     hot = cast(equal(images, reshape(index, (1, rois_n))), dtype)  # (N, R)
     return reshape(matmul(hot, reshape(per_roi, (rois_n, c * h * w))), data_shape)
 
@@ -171,7 +168,7 @@ def roi_align_grad(call: Call, grad: Expr) -> Grads:
     the indices are integers)."""
     data, rois, batch = call.args
     a: Any = call.attrs
-    dtype = _dtype(data)
+    dtype = dtype_of(data)
     shape = shape_of(data)
     oh, ow = a.output_size
     ys = _Axis(rois, 1, oh, shape[2], a, dtype)
