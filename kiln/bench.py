@@ -89,7 +89,7 @@ def compare(
     slots = [lib.graph.slots[s] for s in lib.graph.inputs]
     if not all(isinstance(d, int) for s in slots for d in s.shape):
         raise KilnError("kiln bench needs static input shapes: give them with --shape NAME=D0,D1,...")
-    inputs = random_inputs({s.name: (tuple(int(d) for d in s.shape), str(s.dtype)) for s in slots})
+    inputs = random_inputs({s.name: (s.dims, str(s.dtype)) for s in slots})
     described = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in slots)
     label = os.fspath(model) if isinstance(model, str | os.PathLike) else getattr(model.graph, "name", "model")
     print(f"model: {label}  (inputs: {described or 'none'})", file=stream)

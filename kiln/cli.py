@@ -280,11 +280,14 @@ def _cmd_compile(args: argparse.Namespace) -> None:
     except OSError as err:
         raise CliError(f"cannot write the library: {_os_message(err)}") from None
     slots = [lib.graph.slots[s] for s in lib.graph.inputs]
-    inputs = ", ".join(f"{s.name} {s.dtype}{list(s.shape)}" for s in slots)
+    inputs = ", ".join(f"{s.name} {s.dtype}[{', '.join(map(str, s.shape))}]" for s in slots)
     kernels, outputs = len(lib.kernels), len(lib.graph.outputs)
     print(f"kiln: compiled {kernels} kernel{'s' * (kernels != 1)} in {seconds:.2f} s for {lib.target.kind.name}; "
           f"wrote {args.output} (inputs: {inputs or 'none'}; {outputs} output{'s' * (outputs != 1)})",
           file=sys.stderr)
+    if lib.graph.symbols:
+        print(f"kiln: the dynamic dims stay symbolic ({', '.join(lib.graph.symbols)}): the library runs any size "
+              "that agrees across its inputs (--shape NAME=D0,D1,... fixes them instead)", file=sys.stderr)
 
 
 def _read_inputs(specs: Sequence[str]) -> dict[str, np.ndarray]:

@@ -366,3 +366,17 @@ def test_bench_per_kernel_prints_the_kernels_by_time_after_the_times(files: dict
     (row,) = [line for line in profile.splitlines() if "nn.dense+nn.bias_add+nn.relu" in line]
     assert row.split()[1:2] == ["1"] and "100.0%" in row and "float32[4, 3]" in row
     assert "a whole run:" in profile
+
+
+def test_a_model_with_dynamic_dims_compiles_once_and_runs_any_size(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    model, lib = tmp_path / "dyn.txt", tmp_path / "dyn.kiln"
+    model.write_text("def @main(%x: Tensor[(n, 3), float32]) {\n  exp(%x)\n}\n")
+    assert main(["compile", str(model), "-o", str(lib)]) == 0
+    err = capsys.readouterr().err
+    assert "(inputs: x float32[n, 3]; 1 output)" in err and "the dynamic dims stay symbolic (n)" in err
+    for n in (2, 5):
+        x, out = tmp_path / f"x{n}.npy", tmp_path / f"y{n}.npy"
+        np.save(x, RNG.standard_normal((n, 3)).astype("float32"))
+        assert main(["run", str(lib), "--input", f"x={x}", "--output", str(out)]) == 0
+        np.testing.assert_allclose(np.load(out), np.exp(np.load(x)), rtol=1e-6)

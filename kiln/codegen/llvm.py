@@ -51,7 +51,7 @@ from kiln.codegen import llvm_int, llvm_lanes, llvm_math, llvm_process, llvm_x86
 from kiln.codegen.jit import CodegenError
 from kiln.ir import graph
 from kiln.runtime import linker, pool
-from kiln.runtime.module import STATUS_OK, STATUS_OUT_OF_MEMORY, on_heap
+from kiln.runtime.module import STATUS_OK, STATUS_OUT_OF_MEMORY, dim_text, on_heap
 from kiln.target import Target
 from kiln.tir.allreduce import ALLREDUCE
 from kiln.tir.expr import (
@@ -238,7 +238,7 @@ class CodeGenLLVM:
     def _embed_signature(self, func: PrimFunc) -> None:
         """A constant `kiln_sig_<name>` holding the parameters' text (`linker.signature_text`): loading a
         library checks its header against it, read from the object's symbol table, never executed."""
-        text = linker.signature_text((b.name, b.dtype, [d.value if isinstance(d, IntImm) else str(d) for d in b.shape])
+        text = linker.signature_text((b.name, b.dtype, [dim_text(d) for d in b.shape])
                                   for b in func.params).encode()
         ty = ir.ArrayType(ir.IntType(8), len(text))
         sig = ir.GlobalVariable(self.module, ty, linker.signature_symbol(func.name))

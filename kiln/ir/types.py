@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any as _Any
 
 import attrs
@@ -121,6 +121,34 @@ def dim_prod(dims: Iterable[Dim]) -> Dim:
     out: Dim = 1
     for d in dims:
         out = dim_mul(out, d)
+    return out
+
+
+def dim_names(d: Dim) -> tuple[str, ...]:
+    """The size variables in `d` (none for an int or ANY)."""
+    return tuple(name for name, _ in d.factors) if isinstance(d, SymDim) else ()
+
+
+def dim_value(d: Dim, env: Mapping[str, int]) -> int:
+    """The value of `d` once its size variables have the values of `env` (KeyError for one it lacks)."""
+    if isinstance(d, int):
+        return d
+    if not isinstance(d, SymDim):
+        raise ValueError(f"dim {d} has no value")
+    out = d.coeff
+    for name, power in d.factors:
+        out *= env[name] ** power
+    return out
+
+
+def dim_subst(d: Dim, env: Mapping[str, int]) -> Dim:
+    """`d` with the size variables of `env` at their values (the others stay symbolic)."""
+    if not isinstance(d, SymDim):
+        return d
+    out: Dim = d.coeff
+    for name, power in d.factors:
+        for _ in range(power):
+            out = dim_mul(out, env[name] if name in env else SizeVar(name))
     return out
 
 

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.runtime.library import ExecutorError, Library, Slot
+from kiln.ir.types import SymDim, dim_value
+from kiln.runtime.library import ExecutorError, Graph, Library, Slot
 from kiln.runtime.module import KernelMemoryError, numpy_dtype
 from kiln.runtime.profile import Profile, make_profile
 from kiln.target import TDeviceType
@@ -80,7 +81,7 @@ def format_bytes(n: int) -> str:
 
 def slot_bytes(slot: Slot) -> int:
     """The bytes of `slot`, in Python ints (np.prod would wrap around in int64 for huge shapes)."""
-    return math.prod(slot.shape) * numpy_dtype(slot.dtype).itemsize
+    return math.prod(slot.dims) * numpy_dtype(slot.dtype).itemsize
 
 
 class _Host:
@@ -267,24 +268,16 @@ class GraphExecutor:
         if cuda_graph and device != "cuda":
             raise ExecutorError(f"cuda_graph=True replays CUDA launches; this library is for {lib.target}")
         self._xp: Any = _DEVICES[device]()
-        self._check_sizes()
-        self._buffers = [self._allocate(partial(self._xp.buffer, n), n, partial(self._describe_buffer, b))
-                         for b, n in enumerate(g.storage_sizes)]
-        self._values: list[Any] = [None] * len(g.slots)
-        for s, arr in g.constants.items():
-            self._values[s] = self._xp.put(arr)
-        for s, slot in enumerate(g.slots):
-            if slot.kind == "temp":
-                dtype = numpy_dtype(slot.dtype)
-                if slot.storage < 0:  # a value no launch writes (it is empty): a zero-size array of its own
-                    self._values[s] = self._xp.empty(slot.shape, dtype)
-                else:
-                    buf = self._buffers[slot.storage]
-                    self._values[s] = buf[: slot_bytes(slot)].view(dtype).reshape(slot.shape)
         self._names = {g.slots[s].name: s for s in g.inputs}
         self._state = _ThreadState()
         # Runs share the intermediate buffers and build the fast path below: one run at a time.
         self._lock = threading.Lock()
+        # A graph of symbolic shapes runs as its specialization to the sizes of the run's inputs: planned and
+        # allocated when those sizes change, kept while they repeat.
+        self._graph: Graph = g
+        self._sizes: dict[str, int] | None = None
+        self._buffers: list[Any] = []
+        self._values: list[Any] = []
         # The llvm fast path: after one checked run, launches call the native entry on data pointers.
         # Inputs are checked by set_input, outputs are allocated here and intermediates are planned,
         # so the per-call checks (about 6 us a launch) would only repeat what is known.
@@ -297,13 +290,15 @@ class GraphExecutor:
         self._cuda_io: list[int] = []  # the slots whose pointers change per run: inputs and outputs
         # The CUDA graph of a run (cuda_graph=True), and the device buffers of those slots it was captured on.
         self._use_graph = cuda_graph
-        self._graph: Any = None
+        self._graph_launch: Any = None
         self._graph_buffers: dict[int, Any] = {}
+        if not g.symbols:
+            self._use(g)
 
     @property
     def input_names(self) -> list[str]:
         """The model's inputs, in order."""
-        return [self.lib.graph.slots[s].name for s in self.lib.graph.inputs]
+        return [self._graph.slots[s].name for s in self.lib.graph.inputs]
 
     @property
     def num_outputs(self) -> int:
@@ -312,8 +307,9 @@ class GraphExecutor:
 
     @property
     def planned_bytes(self) -> int:
-        """The bytes of this executor's intermediate buffers (the planned peak, outputs aside)."""
-        return self.lib.planned_bytes
+        """The bytes of this executor's intermediate buffers (the planned peak, outputs aside; of a graph of
+        symbolic shapes, for the sizes of the last run)."""
+        return sum(self._graph.storage_sizes)
 
     def set_input(self, name: str, value: Any) -> None:
         """Binds input `name` for this thread's runs; checked against its dtype and shape.
@@ -337,11 +333,77 @@ class GraphExecutor:
         arr = self._xp.adopt(name, value, want)
         if arr.dtype != want:
             raise ExecutorError(f"input {name!r}: expected dtype {slot.dtype}, got {arr.dtype}")
-        if arr.shape != slot.shape:
-            raise ExecutorError(f"input {name!r}: expected shape {slot.shape}, got {arr.shape}")
+        if len(arr.shape) != len(slot.shape) or any(
+                isinstance(d, int) and d != got for d, got in zip(slot.shape, arr.shape, strict=False)):
+            shape = tuple(d if isinstance(d, int) else str(d) for d in slot.shape)
+            raise ExecutorError(f"input {name!r}: expected shape {shape}, got {arr.shape}")
         if not self._xp.fits(arr):
-            arr = self._allocate(lambda: self._xp.put(arr), slot_bytes(slot), lambda: f"input {name!r} (a copy)")
+            arr = self._allocate(lambda: self._xp.put(arr), arr.nbytes, lambda: f"input {name!r} (a copy)")
         return s, arr
+
+    def _use(self, graph: Graph) -> None:
+        """Makes `graph` (of static shapes) the one runs use: checks its sizes against the kernels and the
+        machine, allocates its buffers, and drops the fast path bound to the previous one."""
+        self._graph = graph
+        self._check_sizes()
+        self._buffers = [self._allocate(partial(self._xp.buffer, n), n, partial(self._describe_buffer, b))
+                         for b, n in enumerate(graph.storage_sizes)]
+        self._values = [None] * len(graph.slots)
+        for s, arr in graph.constants.items():
+            self._values[s] = self._xp.put(arr)
+        for s, slot in enumerate(graph.slots):
+            if slot.kind == "temp":
+                dtype = numpy_dtype(slot.dtype)
+                if slot.storage < 0:  # a value no launch writes (it is empty): a zero-size array of its own
+                    self._values[s] = self._xp.empty(slot.shape, dtype)
+                else:
+                    buf = self._buffers[slot.storage]
+                    self._values[s] = buf[: slot_bytes(slot)].view(dtype).reshape(slot.shape)
+        self._entries, self._pointers = None, []
+        self._cuda, self._cuda_keep, self._cuda_io = None, [], []
+        self._graph_launch, self._graph_buffers = None, {}
+
+    def _size_values(self) -> dict[str, int]:
+        """The size variables' values from this thread's bound inputs (a graph of symbolic shapes).
+
+        Raises:
+            ExecutorError: when two inputs give one size variable two values, or a dim that is a product
+                of sizes (`2*n`) does not match the values the others give.
+        """
+        g = self.lib.graph
+        bound = self._state.bound
+        env: dict[str, int] = {}
+        where: dict[str, str] = {}
+        later: list[tuple[SymDim, int, str]] = []
+        for s in g.inputs:
+            slot = g.slots[s]
+            for axis, (d, got) in enumerate(zip(slot.shape, bound[s].shape, strict=True)):
+                if not isinstance(d, SymDim):
+                    continue
+                here = f"{slot.name}.shape[{axis}]"
+                if d.coeff != 1 or d.factors[0][1] != 1 or len(d.factors) != 1:
+                    later.append((d, got, here))
+                    continue
+                name = d.factors[0][0]
+                if name not in env:
+                    env[name], where[name] = got, here
+                elif env[name] != got:
+                    raise ExecutorError(f"size {name} is {env[name]} from input {where[name]} but {got} from input "
+                                        f"{here}: the inputs must agree")
+        for d, got, here in later:
+            names = [n for n, _ in d.factors]
+            free = [n for n in names if n not in env]
+            if len(free) == 1 and len(d.factors) == 1 and d.factors[0][1] == 1:
+                if got % d.coeff:
+                    raise ExecutorError(f"input {here} is {got}, but its dim {d} is a multiple of {d.coeff}")
+                env[free[0]], where[free[0]] = got // d.coeff, here
+            elif free:
+                raise ExecutorError(f"input {here} has the dim {d} = {got}, which does not tell {', '.join(free)}: "
+                                    "give an input whose dim is the size itself")
+            if dim_value(d, env) != got:
+                raise ExecutorError(f"input {here} is {got}, but its dim {d} is {dim_value(d, env)} with "
+                                    + ", ".join(f"{n} = {env[n]} (from {where[n]})" for n in names))
+        return env
 
     def run(self, **inputs: Any) -> None:
         """Runs every launch in order (after binding `inputs`, if given), in this thread.
@@ -351,8 +413,8 @@ class GraphExecutor:
             KernelMemoryError: when an output or a kernel's temporary cannot be allocated.
         """
         self._bind(inputs)
-        values, fresh = self._start()
         with self._lock:
+            values, fresh = self._start()
             if self._entries is not None:
                 self._run_entries(values)
             elif self._cuda_ready():
@@ -386,14 +448,14 @@ class GraphExecutor:
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
             raise ExecutorError(f"profile: repeat must be an int of at least 1, got {repeat!r}")
         self._bind(inputs)
-        g = self.lib.graph
+        g = self._graph
         launch_seconds: list[list[float]] = [[] for _ in g.launches]
         run_seconds: list[float] = []
         for n in range(max(warmup, 0) + repeat):
             timed = n >= warmup
             start = time.perf_counter()
-            values, fresh = self._start()
             with self._lock:
+                values, fresh = self._start()
                 times = launch_seconds if timed else None
                 if self._entries is not None and times is not None:
                     self._run_entries_timed(values, times)
@@ -418,6 +480,13 @@ class GraphExecutor:
         missing = [g.slots[s].name for s in g.inputs if s not in state.bound]
         if missing:
             raise ExecutorError(f"inputs not set: {missing}; set them with set_input(name, array) in this thread")
+        if g.symbols:
+            sizes = self._size_values()
+            if sizes != self._sizes:
+                graph = self.lib.variant(sizes) or g  # a variant built for these sizes first
+                self._use(graph.specialize(sizes) if graph.symbols else graph)
+                self._sizes = sizes
+            g = self._graph
         values = list(self._values)
         for s in g.inputs:
             values[s] = state.bound[s]
@@ -435,7 +504,7 @@ class GraphExecutor:
 
     def _finish(self, values: list[Any], fresh: dict[int, Any]) -> list[Any]:
         """The outputs of a run: its fresh arrays, and copies of the outputs that are not fresh."""
-        g = self.lib.graph
+        g = self._graph
         # an output that is an input, a constant or another output's value is returned as a copy
         seen: set[int] = set()
         outs = []
@@ -451,7 +520,7 @@ class GraphExecutor:
 
     def _run_checked(self, values: list[Any], times: list[list[float]] | None = None) -> None:
         """Runs every launch through its module's checks; with `times`, appends each launch's time."""
-        g = self.lib.graph
+        g = self._graph
         entries = []
         bound = []
         for k, launch in enumerate(g.launches):
@@ -459,15 +528,16 @@ class GraphExecutor:
             # a value passed twice (add(x, x)) goes the second time as a copy: kernel pointers are noalias
             args = [values[s] if s not in slots[:n] else values[s].copy() for n, s in enumerate(slots)]
             kernel = self.lib.kernels[launch.kernel]
+            sized = {} if self._sizes is None else {"sizes": self._sizes}  # sizes only products of them give
             start = time.perf_counter()
-            kernel(*args)
+            kernel(*args, **sized)
             if times is not None:
                 self._xp.synchronize()
                 times[k].append(time.perf_counter() - start)
             if len(set(slots)) < len(slots):
                 continue
             if isinstance(self._xp, _Host):
-                entries.append((kernel.entry(), slots, kernel.check(*args)))
+                entries.append((kernel.entry(), slots, kernel.check(*args, **sized)))
             else:
                 bound.append((slots, kernel.bind(*args)))
         if isinstance(self._xp, _Device):
@@ -487,13 +557,13 @@ class GraphExecutor:
 
     def _bind_cuda(self, bound: list[tuple[tuple[int, ...], list[Any]]]) -> None:
         """The CUDA fast path from each graph launch's slots and its `CudaModule.bind` kernels."""
-        fixed = {s for s, slot in enumerate(self.lib.graph.slots) if slot.kind in ("temp", "const")}
+        fixed = {s for s, slot in enumerate(self._graph.slots) if slot.kind in ("temp", "const")}
         self._cuda = [[(b.function, b.grid, b.block, b.shared_bytes, b.args,
                         tuple((pos, slots[i]) for pos, i in b.params if slots[i] not in fixed)) for b in kernels]
                       for slots, kernels in bound]
         self._cuda_keep = [b.workspaces for _, kernels in bound for b in kernels]
         self._cuda_device = self._xp.device_id()
-        self._cuda_io = [s for s, slot in enumerate(self.lib.graph.slots) if slot.kind in ("input", "output")]
+        self._cuda_io = [s for s, slot in enumerate(self._graph.slots) if slot.kind in ("input", "output")]
 
     def _cuda_ready(self) -> bool:
         """Whether the CUDA fast path is bound, to the current device."""
@@ -508,8 +578,8 @@ class GraphExecutor:
         """Replays the run's CUDA graph (capturing it first, once) on the current stream, between copies of
         this run's inputs into the buffers it reads and of the buffers it writes into this run's outputs."""
         cupy = self._xp.cupy
-        g = self.lib.graph
-        if self._graph is None:
+        g = self._graph
+        if self._graph_launch is None:
             self._graph_buffers = {
                 s: self._allocate(partial(self._xp.empty, g.slots[s].shape, numpy_dtype(g.slots[s].dtype)),
                                   slot_bytes(g.slots[s]), partial(self._describe_slot, s))
@@ -521,11 +591,11 @@ class GraphExecutor:
                     self._launch_cuda({s: np.uint64(b.data.ptr) for s, b in self._graph_buffers.items()})
                 finally:
                     graph = stream.end_capture()
-            self._graph = graph
+            self._graph_launch = graph
         for s, buffer in self._graph_buffers.items():
             if g.slots[s].kind == "input":
                 cupy.copyto(buffer, values[s])
-        self._graph.launch(cupy.cuda.get_current_stream())
+        self._graph_launch.launch(cupy.cuda.get_current_stream())
         for s, buffer in self._graph_buffers.items():
             if g.slots[s].kind == "output":
                 cupy.copyto(values[s], buffer)
@@ -547,7 +617,7 @@ class GraphExecutor:
                 times[k].append(clock() - start)
 
     def _run_entries(self, values: list[Any]) -> None:
-        g = self.lib.graph
+        g = self._graph
         pointers = self._run_pointers(values)
         for (entry, slots, sizes, args), launch in zip(self._entries or (), g.launches, strict=True):
             if entry(*(args if args is not None else (*[pointers[s] for s in slots], *sizes))):
@@ -556,7 +626,7 @@ class GraphExecutor:
     def _run_entries_timed(self, values: list[Any], times: list[list[float]]) -> None:
         """`_run_entries`, appending each launch's time to `times` (a loop of its own: the untimed one
         stays as lean as it is)."""
-        g = self.lib.graph
+        g = self._graph
         pointers = self._run_pointers(values)
         clock = time.perf_counter
         for k, ((entry, slots, sizes, args), launch) in enumerate(zip(self._entries or (), g.launches, strict=True)):
@@ -569,7 +639,7 @@ class GraphExecutor:
 
     def _run_pointers(self, values: list[Any]) -> list[int]:
         """The data pointers of a run's slots: the fixed ones, and this run's inputs and outputs."""
-        g = self.lib.graph
+        g = self._graph
         pointers = list(self._pointers)
         for s in (*g.inputs, *g.outputs):
             if g.slots[s].kind in ("input", "output"):
@@ -597,14 +667,14 @@ class GraphExecutor:
     # -- sizes and memory -------------------------------------------------------------------------
     def _check_sizes(self) -> None:
         """Refuses tensors the kernels cannot index and buffers the machine cannot hold, before allocating."""
-        g = self.lib.graph
+        g = self._graph
         for b, n in enumerate(g.storage_sizes):
             if n < 0:
                 raise ExecutorError(f"intermediate buffer {b} has a negative size ({n} bytes)")
         for s, slot in enumerate(g.slots):
-            if any(d < 0 for d in slot.shape):
+            if any(d < 0 for d in slot.dims):
                 raise ExecutorError(f"{self._describe_slot(s)} has a negative dim: shape {slot.shape}")
-            elements = math.prod(slot.shape)
+            elements = math.prod(slot.dims)
             if elements > MAX_ELEMENTS:
                 raise ExecutorError(f"{self._describe_slot(s)} has shape {slot.shape}: {elements} elements, more "
                                     f"than the {MAX_ELEMENTS} that kiln's kernels index (int32)")
@@ -644,7 +714,7 @@ class GraphExecutor:
 
     def _describe_slot(self, s: int, output: int | None = None) -> str:
         """How a message names slot `s`: the input's name, the output's index, the op that makes it."""
-        g = self.lib.graph
+        g = self._graph
         slot = g.slots[s]
         if output is None and s in g.outputs:
             output = g.outputs.index(s)
@@ -659,7 +729,7 @@ class GraphExecutor:
 
     def _describe_buffer(self, b: int) -> str:
         """How a message names intermediate buffer `b`: by its largest value."""
-        g = self.lib.graph
+        g = self._graph
         held = [s for s, slot in enumerate(g.slots) if slot.kind == "temp" and slot.storage == b]
         if not held:
             return f"intermediate buffer {b}"

@@ -35,7 +35,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +43,10 @@ import attrs
 import numpy as np
 
 from kiln.errors import KilnError
+from kiln.ir.types import Dim, SymDim, dim_names, dim_subst, dim_value, parse_dim
 from kiln.runtime import linker
 from kiln.runtime import trust as _trust
-from kiln.runtime.module import Module, numpy_dtype
+from kiln.runtime.module import Module, dim_text, numpy_dtype
 from kiln.target import Target, TDeviceType
 from kiln.tir import expr as tx
 from kiln.tir.stmt import Evaluate, PrimFunc
@@ -76,7 +77,7 @@ class LibraryTrustError(LibraryFormatError):
 class Slot:
     """One tensor value of the graph."""
 
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]  # ints, or symbolic dims (`n`, `2*n`) in a graph built for any size
     dtype: str
     kind: str  # "input", "const", "temp" or "output"
     name: str = ""
@@ -84,7 +85,23 @@ class Slot:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * numpy_dtype(self.dtype).itemsize
+        """The bytes of the value (its shape must be static)."""
+        return math.prod(self.dims) * numpy_dtype(self.dtype).itemsize
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The shape of a static slot (a graph specialized to sizes has only those)."""
+        if not self.is_static:
+            raise ExecutorError(f"slot {self.name!r} has the symbolic shape {self.shape}: specialize the graph first")
+        return self.shape  # type: ignore[return-value]
+
+    def concrete(self, env: Mapping[str, int]) -> Slot:
+        """This slot with its symbolic dims at the values of `env`."""
+        return self if self.is_static else attrs.evolve(self, shape=tuple(dim_value(d, env) for d in self.shape))
 
 
 @attrs.frozen
@@ -106,6 +123,18 @@ class Graph:
     outputs: list[int]
     constants: dict[int, np.ndarray]
     storage_sizes: list[int] = attrs.field(factory=list)
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The size variables of the slots' shapes, sorted (none for a graph of static shapes)."""
+        return tuple(sorted({name for slot in self.slots for d in slot.shape for name in dim_names(d)}))
+
+    def specialize(self, env: Mapping[str, int]) -> Graph:
+        """This graph with every size variable at its value in `env`, its memory planned for those sizes."""
+        graph = Graph([slot.concrete(env) for slot in self.slots], self.launches, self.inputs, self.outputs,
+                      self.constants)
+        graph.plan_memory()
+        return graph
 
     def plan_memory(self) -> None:
         """Assigns each temp slot a buffer, reusing buffers whose last reader has run."""
@@ -144,11 +173,22 @@ class Graph:
 class Library:
     """A compiled model: its graph and kernels. `create_executor()` runs it; `export(path)` saves it."""
 
-    def __init__(self, graph: Graph, kernels: Sequence[Any], target: Target, cache_key: str | None = None) -> None:
+    def __init__(self, graph: Graph, kernels: Sequence[Any], target: Target, cache_key: str | None = None,
+                 variants: Sequence[tuple[dict[str, int], Graph]] = ()) -> None:
         self.graph = graph
         self.kernels = list(kernels)
         self.target = target
         self.cache_key = cache_key  # the build-cache key it was stored under (`library_cache`), if any
+        # fast paths of a graph of symbolic shapes (relay.build's specialize=): sizes -> the graph built with
+        # those sizes fixed (static, unless it fixes only some of them)
+        self.variants = list(variants)
+
+    def variant(self, sizes: Mapping[str, int]) -> Graph | None:
+        """The graph built for these sizes (each size it fixes has its value here), if any."""
+        for bound, graph in self.variants:
+            if all(sizes.get(name) == value for name, value in bound.items()):
+                return graph
+        return None
 
     @property
     def planned_bytes(self) -> int:
@@ -189,19 +229,21 @@ class Library:
                 kernels.append(cuda_library.kernel_entry(m, param_entries(m.func), blob))
             else:
                 kernels.append({"name": m.name, "params": param_entries(m.func), "object": blob(m.object_code)})
-        consts = {}
-        for s, arr in self.graph.constants.items():
+        stored: dict[bytes, int] = {}  # a constant that several graphs hold (specialize's variants) is stored once
+
+        def array(arr: np.ndarray) -> int:
             buf = io.BytesIO()
             np.save(buf, arr, allow_pickle=False)
-            consts[str(s)] = blob(buf.getvalue())
-        header = {
-            "target": str(self.target),
-            "slots": [attrs.asdict(s) for s in self.graph.slots],
-            "launches": [attrs.asdict(launch) for launch in self.graph.launches],
-            "inputs": self.graph.inputs, "outputs": self.graph.outputs,
-            "storage_sizes": self.graph.storage_sizes, "constants": consts, "kernels": kernels,
-            "blobs": [len(b) for b in blobs],
-        }
+            data = buf.getvalue()
+            key = hashlib.sha256(data).digest()
+            if key not in stored:
+                stored[key] = blob(data)
+            return stored[key]
+
+        header: dict[str, Any] = {"target": str(self.target), **_graph_entry(self.graph, array)}
+        if self.variants:
+            header["variants"] = [{"sizes": dict(sizes), **_graph_entry(g, array)} for sizes, g in self.variants]
+        header.update(kernels=kernels, blobs=[len(b) for b in blobs])
         if cache_key is not None:
             header["cache_key"] = cache_key
         head = json.dumps(header).encode()
@@ -211,11 +253,22 @@ class Library:
         Path(path).write_bytes(_MAGIC + struct.pack("<Q", len(payload)) + digest + tag + payload)
 
 
+def _graph_entry(graph: Graph, array: Callable[[np.ndarray], int]) -> dict[str, Any]:
+    """How a header stores a graph: slots (symbolic dims as `str(dim)`), launches, inputs, outputs, storage
+    sizes, and each constant as the blob `array` stores it in."""
+    return {
+        "slots": [{**attrs.asdict(s), "shape": [d if isinstance(d, int) else str(d) for d in s.shape]}
+                  for s in graph.slots],
+        "launches": [attrs.asdict(launch) for launch in graph.launches],
+        "inputs": graph.inputs, "outputs": graph.outputs, "storage_sizes": graph.storage_sizes,
+        "constants": {str(s): array(arr) for s, arr in graph.constants.items()},
+    }
+
+
 def param_entries(func: PrimFunc) -> list[dict[str, Any]]:
-    """How a header stores a kernel's parameters: name, dtype, and shape (ints, and names of size vars)."""
-    return [{"name": b.name, "dtype": b.dtype,
-             "shape": [int(d.value) if isinstance(d, tx.IntImm) else str(d) for d in b.shape]}
-            for b in func.params]
+    """How a header stores a kernel's parameters: name, dtype, and shape (ints; names of size vars, or
+    their products as `2*n*s`)."""
+    return [{"name": b.name, "dtype": b.dtype, "shape": [dim_text(d) for d in b.shape]} for b in func.params]
 
 
 # -- loading: authenticate, then validate every header field before any code is linked ---------------
@@ -223,7 +276,8 @@ def param_entries(func: PrimFunc) -> list[dict[str, Any]]:
 DTYPES = frozenset(["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                     "float16", "float32", "float64"])
 _SLOT_KINDS = ("input", "const", "temp", "output")
-_HEADER_KEYS = {"target", "slots", "launches", "inputs", "outputs", "storage_sizes", "constants", "kernels", "blobs"}
+_GRAPH_KEYS = ("slots", "launches", "inputs", "outputs", "storage_sizes", "constants")
+_HEADER_KEYS = {"target", *_GRAPH_KEYS, "kernels", "blobs"}
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 def check_host_target(target: Target) -> None:
@@ -322,8 +376,8 @@ def _decode_file(data: bytes, where: str, trusted: bool) -> tuple[dict[str, Any]
     except (ValueError, RecursionError) as e:  # also UnicodeDecodeError; RecursionError: nested too deep
         raise LibraryFormatError(f"{where}: header is not JSON ({type(e).__name__}: {e})") from e
     c = HeaderChecker(where)
-    c.dict_(header, _HEADER_KEYS | ({"cache_key"} if isinstance(header, dict) and "cache_key" in header else set()),
-            "header")
+    optional = {k for k in ("cache_key", "variants") if isinstance(header, dict) and k in header}
+    c.dict_(header, _HEADER_KEYS | optional, "header")
     sizes = [c.size(n, f"blobs[{i}]") for i, n in enumerate(c.list_(header["blobs"], "blobs"))]
     if sum(sizes) != len(payload) - 8 - head_len:
         raise c.fail("blobs", f"sizes add up to {sum(sizes)} bytes, but {len(payload) - 8 - head_len} follow "
@@ -344,7 +398,9 @@ def check_params(c: HeaderChecker, value: Any, field: str) -> list[dict[str, Any
         c.name(p["name"], f"{pf}.name")
         c.dtype(p["dtype"], f"{pf}.dtype")
         for a, d in enumerate(c.list_(p["shape"], f"{pf}.shape")):
-            if isinstance(d, str):
+            if isinstance(d, str) and not _IDENT.fullmatch(d):
+                _dim(c, d, f"{pf}.shape[{a}]")  # a product of sizes
+            elif isinstance(d, str):
                 c.name(d, f"{pf}.shape[{a}]")
             else:
                 c.size(d, f"{pf}.shape[{a}]")
@@ -382,7 +438,7 @@ def _check_launch(c: HeaderChecker, n: int, launch: Launch, params: list[dict[st
     args = (*launch.inputs, *launch.outputs)
     if len(args) != len(params):
         raise c.fail(f, f"{len(args)} slots for a kernel of {len(params)} parameters")
-    bound: dict[str, int] = {}
+    bound: dict[str, Dim] = {}
     for s, p in zip(args, params, strict=True):
         slot = slots[s]
         what = f"slot {s} for parameter {p['name']!r}"
@@ -407,15 +463,15 @@ def _graph(c: HeaderChecker, header: dict[str, Any], blobs: list[bytes], params:
     for i, s in enumerate(c.list_(header["slots"], "slots")):
         f = f"slots[{i}]"
         c.dict_(s, {"shape", "dtype", "kind", "name", "storage"}, f)
-        shape = tuple(c.size(d, f"{f}.shape[{a}]") for a, d in enumerate(c.list_(s["shape"], f"{f}.shape")))
+        shape = tuple(_dim(c, d, f"{f}.shape[{a}]") for a, d in enumerate(c.list_(s["shape"], f"{f}.shape")))
         kind = c.of(s["kind"], str, f"{f}.kind")
         if kind not in _SLOT_KINDS:
             raise c.fail(f"{f}.kind", f"expected one of {list(_SLOT_KINDS)}, got {kind!r:.40}")
         slot = Slot(shape, c.dtype(s["dtype"], f"{f}.dtype"), kind, c.of(s["name"], str, f"{f}.name"),
                     c.of(s["storage"], int, f"{f}.storage"))
-        if kind == "temp":
+        if kind == "temp" and slot.is_static:  # a symbolic one is planned at run time, per size
             b = c.index(slot.storage, len(storage), f"{f}.storage", "storage buffer")
-            nbytes = math.prod(shape) * numpy_dtype(slot.dtype).itemsize  # exact: Slot.nbytes is int64
+            nbytes = slot.nbytes
             if storage[b] < nbytes:
                 raise c.fail(f, f"needs {nbytes} bytes, but its storage buffer {b} has {storage[b]}")
         slots.append(slot)
@@ -454,6 +510,19 @@ def _graph(c: HeaderChecker, header: dict[str, Any], blobs: list[bytes], params:
     return Graph(slots, launches, inputs, outputs, constants, storage)
 
 
+def _dim(c: HeaderChecker, d: Any, field: str) -> Dim:
+    """A slot's dim: a size, or a symbolic dim as `str(dim)` writes it (`n`, `2*n*s`)."""
+    if not isinstance(d, str):
+        return c.size(d, field)
+    try:
+        dim = parse_dim(d[:200])
+    except ValueError:
+        raise c.fail(field, f"expected a size or a symbolic dim, got {d!r:.40}") from None
+    if not isinstance(dim, (int, SymDim)):
+        raise c.fail(field, f"expected a size or a symbolic dim, got {d!r:.40}")
+    return dim
+
+
 def signature(name: str, params: list[dict[str, Any]], size_dtypes: dict[str, str] | None = None) -> PrimFunc:
     """A PrimFunc with the kernel's parameters and an empty body: the calling convention of loaded code.
 
@@ -462,10 +531,22 @@ def signature(name: str, params: list[dict[str, Any]], size_dtypes: dict[str, st
     size_vars: dict[str, tx.Var] = {}
     dtypes = size_dtypes or {}
     bufs = []
+    def size(name: str) -> tx.Var:
+        return size_vars.setdefault(name, tx.Var(name, dtypes.get(name, "int32")))
+
+    def dim(d: int | str) -> tx.ExprLike:
+        if isinstance(d, int) or _IDENT.fullmatch(d):
+            return d if isinstance(d, int) else size(d)
+        parsed = parse_dim(d)  # a product of sizes, checked by check_params
+        assert isinstance(parsed, SymDim)
+        out: tx.PrimExpr = tx.const(parsed.coeff, "int32")
+        for name, power in parsed.factors:
+            for _ in range(power):
+                out = out * size(name)
+        return out
+
     for p in params:
-        shape = [d if isinstance(d, int) else size_vars.setdefault(d, tx.Var(d, dtypes.get(d, "int32")))
-                 for d in p["shape"]]
-        bufs.append(tir_buffer(p["name"], shape, p["dtype"]))
+        bufs.append(tir_buffer(p["name"], [dim(d) for d in p["shape"]], p["dtype"]))
     return PrimFunc(name, bufs, Evaluate(tx.const(0)))
 
 
@@ -522,4 +603,25 @@ def load(path: str | Path, trust: bool = False) -> Library:
     else:
         raise c.fail("target", f"{target} runs on device type {device!r}; kiln loads CPU and CUDA libraries")
     key = header.get("cache_key")
-    return Library(graph, modules, target, c.of(key, str, "cache_key") if key is not None else None)
+    variants = _variants(c, header, blobs, graph, [param_entries(m.func) for m in modules])
+    return Library(graph, modules, target, c.of(key, str, "cache_key") if key is not None else None, variants)
+
+
+def _variants(c: HeaderChecker, header: dict[str, Any], blobs: list[bytes], graph: Graph,
+              params: list[list[dict[str, Any]]]) -> list[tuple[dict[str, int], Graph]]:
+    """The checked variants of a header's graph: each a graph whose inputs are the symbolic graph's with
+    the variant's sizes put in (static, unless the variant fixes only some of the sizes)."""
+    out = []
+    for i, v in enumerate(c.list_(header.get("variants", []), "variants")):
+        f = f"variants[{i}]"
+        c.dict_(v, {"sizes", *_GRAPH_KEYS}, f)
+        sizes = {c.name(k, f"{f}.sizes"): c.size(n, f"{f}.sizes[{k!r:.20}]")
+                 for k, n in c.of(v["sizes"], dict, f"{f}.sizes").items()}
+        static = _graph(c, v, blobs, params)
+        want = [(graph.slots[s].name, graph.slots[s].dtype, tuple(dim_subst(d, sizes) for d in graph.slots[s].shape))
+                for s in graph.inputs]
+        got = [(static.slots[s].name, static.slots[s].dtype, static.slots[s].shape) for s in static.inputs]
+        if got != want:
+            raise c.fail(f, f"its inputs {got} are not the library's inputs {want} at the sizes {sizes}")
+        out.append((sizes, static))
+    return out

@@ -15,18 +15,20 @@ garbage collected.
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
 
 from kiln.errors import KilnError
 from kiln.ir.dtype import DataType
+from kiln.ir.types import SizeVar, dim_mul
 from kiln.runtime.linker import Engine, kernel_symbol
 from kiln.target import Target
-from kiln.tir.expr import Buffer, IntImm, Var
+from kiln.tir.expr import Buffer, IntImm, Mul, PrimExpr, Var
 from kiln.tir.flatten import flatten
 from kiln.tir.functor import post_order_visit
 from kiln.tir.stmt import Allocate, PrimFunc
@@ -77,23 +79,26 @@ class Param:
         self.kernel = func.name
         self.name = buf.name
         self.dtype = numpy_dtype(buf.dtype)
-        self.dims: list[int | Var] = []
+        self.dims: list[int | Var | PrimExpr] = []
         for d in buf.shape:
             if isinstance(d, IntImm):
                 self.dims.append(int(d.value))
-            elif isinstance(d, Var):
+            elif isinstance(d, Var) or monomial(d) is not None:
                 self.dims.append(d)
             else:
-                raise ArgumentError(f"kernel {func.name!r}: parameter {buf.name} has dim {d}; "
-                                    "dims must be constants or size variables")
-        self.shape_text = "(" + ", ".join(d.name if isinstance(d, Var) else str(d) for d in self.dims) + ")"
+                raise ArgumentError(f"kernel {func.name!r}: parameter {buf.name} has dim {d}; dims must be "
+                                    "constants, size variables or their products")
+        self.shape_text = "(" + ", ".join(str(dim_text(d)) if not isinstance(d, int) else str(d)
+                                          for d in self.dims) + ")"
 
     def error(self, message: str) -> ArgumentError:
         """An `ArgumentError` naming the kernel and this parameter."""
         return ArgumentError(f"kernel {self.kernel!r}, parameter {self.name!r}: {message}")
 
-    def check_shape(self, a: Any, bound: dict[int, tuple[int, str]]) -> None:
-        """Checks `a`'s dtype, ndim and dims; binds its symbolic dims in `bound` (id(Var) -> (size, where))."""
+    def check_shape(self, a: Any, bound: dict[int, tuple[int, str]],
+                    products: list[tuple[Param, int, PrimExpr, int]] | None = None) -> None:
+        """Checks `a`'s dtype, ndim and dims; binds its symbolic dims in `bound` (id(Var) -> (size, where)).
+        A dim that is a product of sizes (`2*n`, `n*s`) goes to `products`, checked once the sizes are known."""
         if a.dtype != self.dtype:
             raise self.error(f"expected dtype {self.dtype}, got {a.dtype}")
         if a.ndim != len(self.dims):
@@ -102,6 +107,11 @@ class Param:
             if isinstance(want, int):
                 if got != want:
                     raise self.error(f"expected shape {self.shape_text}, got {a.shape} (dim {axis})")
+                continue
+            if not isinstance(want, Var):
+                if products is None:
+                    raise self.error(f"dim {axis} is the product {dim_text(want)}: check the arrays with the module")
+                products.append((self, axis, want, got))
                 continue
             prev = bound.get(id(want))
             if prev is None:
@@ -113,6 +123,57 @@ class Param:
                                  f"(shape {a.shape}, expected {self.shape_text})")
         if a.size > _INT32_MAX:  # loop variables are int32: a loop over all elements would wrap around
             raise self.error(f"shape {a.shape} has {a.size} elements, more than the {_INT32_MAX} that kernels index")
+
+
+def monomial(d: PrimExpr) -> tuple[int, list[Var]] | None:
+    """`d` as (c, [v1, v2, ...]) when it is c * v1 * v2 ... (a product of size variables), else None."""
+    if isinstance(d, IntImm):
+        return int(d.value), []
+    if isinstance(d, Var):
+        return 1, [d]
+    if isinstance(d, Mul):
+        a, b = monomial(d.a), monomial(d.b)
+        if a is not None and b is not None:
+            return a[0] * b[0], a[1] + b[1]
+    return None
+
+
+def dim_text(d: PrimExpr | int) -> int | str:
+    """How a signature writes a kernel parameter's dim: an int, a size's name, or a product of sizes as a
+    relay type writes it (`2*n*s`, `kiln.ir.types.SymDim`)."""
+    if isinstance(d, int):
+        return d
+    if isinstance(d, IntImm):
+        return int(d.value)
+    found = monomial(d)
+    if found is None:
+        raise ArgumentError(f"dim {d} is neither a constant, a size variable nor a product of them")
+    coeff, vs = found
+    dim: Any = coeff
+    for v in vs:
+        dim = dim_mul(dim, SizeVar(v.name))
+    return dim if isinstance(dim, int) else str(dim)
+
+
+def bind_products(products: list[tuple[Param, int, PrimExpr, int]], bound: dict[int, tuple[int, str]]) -> None:
+    """Checks the dims that are products of sizes against the sizes bound (solving `c * v` for a size v that
+    no plain dim gives); raises the ArgumentError of the first that does not fit."""
+    for p, axis, want, got in sorted(products, key=lambda x: len(monomial(x[2])[1])):  # type: ignore[index]
+        coeff, vs = monomial(want)  # type: ignore[misc]
+        where = f"{p.name}.shape[{axis}]"
+        free = [v for v in vs if id(v) not in bound]
+        if len(free) == 1 and vs.count(free[0]) == 1:
+            rest = coeff * math.prod(bound[id(v)][0] for v in vs if v is not free[0])
+            if rest and got % rest == 0:
+                bound[id(free[0])] = (got // rest, where)
+        elif free:
+            raise p.error(f"dim {axis} is {dim_text(want)} = {got}, which does not give the sizes "
+                          f"{', '.join(v.name for v in free)}: pass them (sizes=)")
+        value = coeff * math.prod(bound[id(v)][0] for v in vs) if all(id(v) in bound for v in vs) else None
+        if value != got:
+            raise p.error(f"dim {axis} ({dim_text(want)}) should be {value} with "
+                          + ", ".join(f"{v.name} = {bound[id(v)][0]} (from {bound[id(v)][1]})" for v in vs
+                                      if id(v) in bound) + f", but the array has {got}")
 
 
 def check_count(func: PrimFunc, params: list[Param], arrays: tuple[Any, ...]) -> None:
@@ -165,20 +226,21 @@ class Module:
         params = ", ".join(f"{p.name}: {p.dtype}{p.shape_text}" for p in self._params)
         return f"<kiln.runtime.Module {self.name}({params}) for {self.target.kind.name}>"
 
-    def __call__(self, *arrays: Any) -> None:
-        """Runs the kernel on `arrays` (one per buffer parameter, in order), in place.
+    def __call__(self, *arrays: Any, sizes: Mapping[str, int] | None = None) -> None:
+        """Runs the kernel on `arrays` (one per buffer parameter, in order), in place. `sizes` gives size
+        variables by name: those that appear only in products (`n*s`) cannot be read off the arrays.
 
         Raises:
             ArgumentError: when any array does not fit its parameter.
             KernelMemoryError: when the kernel could not allocate its temporary buffers.
         """
-        sizes = self._check(arrays)
-        if self._cfunc(*[a.ctypes.data for a in arrays], *sizes) != STATUS_OK:
-            self.out_of_memory(sizes)
+        values = self._check(arrays, sizes)
+        if self._cfunc(*[a.ctypes.data for a in arrays], *values) != STATUS_OK:
+            self.out_of_memory(values)
 
-    def check(self, *arrays: Any) -> list[int]:
+    def check(self, *arrays: Any, sizes: Mapping[str, int] | None = None) -> list[int]:
         """Checks `arrays` as a call would; returns the values of the kernel's size variables."""
-        return self._check(arrays)
+        return self._check(arrays, sizes)
 
     def entry(self) -> Callable[..., int]:
         """The native entry: `entry(*pointers, *sizes)` returns 0, or 1 when out of memory.
@@ -196,14 +258,18 @@ class Module:
             f"for sizes {dict(zip((v.name for v in self._size_vars), sizes, strict=True))}"
         )
 
-    def _check(self, arrays: tuple[Any, ...]) -> list[int]:
+    def _check(self, arrays: tuple[Any, ...], sizes: Mapping[str, int] | None = None) -> list[int]:
         params = self._params
         check_count(self.func, params, arrays)
         bound: dict[int, tuple[int, str]] = {}
+        for v in self._size_vars:
+            if sizes is not None and v.name in sizes:
+                bound[id(v)] = (sizes[v.name], "the sizes given")
+        products: list[tuple[Param, int, PrimExpr, int]] = []
         for p, a in zip(params, arrays, strict=True):
             if not isinstance(a, np.ndarray):
                 raise p.error(f"expected a numpy.ndarray of {p.dtype}{p.shape_text}, got {type(a).__name__}")
-            p.check_shape(a, bound)
+            p.check_shape(a, bound, products)
             if not a.flags.c_contiguous:
                 raise p.error(f"expected a C-contiguous array, got strides {a.strides} (use np.ascontiguousarray)")
             if not a.flags.aligned:
@@ -215,6 +281,7 @@ class Module:
                 if arrays[i].size and arrays[j].size and np.may_share_memory(arrays[i], arrays[j]):
                     raise params[i].error(f"shares memory with parameter {params[j].name!r}; "
                                           "kernels need distinct arrays")
+        bind_products(products, bound)
         return [bound[id(v)][0] for v in self._size_vars]
 
     def get_source(self, fmt: str = "ll") -> str:

@@ -131,7 +131,7 @@ def make_profile(graph: Graph, kernel_names: Sequence[str], launch_seconds: Sequ
         ops, sources = made_by(graph, launch)
         out = graph.slots[launch.outputs[0]] if launch.outputs else None
         launches.append(LaunchTime(n, kernel_names[launch.kernel], ops, sources, out.dtype if out else "",
-                                   out.shape if out else (), statistics.median(times)))
+                                   out.dims if out else (), statistics.median(times)))
     return Profile(launches, statistics.median(run_seconds), len(run_seconds))
 
 

@@ -46,9 +46,11 @@ from kiln.te.tensor import (
     Reduce,
     TEError,
     Tensor,
+    as_index,
     compute,
     placeholder,
     reduce_axis,
+    size_vars,
     thread_axis,
     var,
 )
@@ -106,4 +108,6 @@ __all__ = [
     "tanh",
     "thread_axis",
     "var",
+    "as_index",
+    "size_vars",
 ]

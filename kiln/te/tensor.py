@@ -9,14 +9,17 @@ that remembers its tensor; lowering later swaps it for the real buffer.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import inspect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from kiln.errors import KilnError
+from kiln.ir.types import SymDim
 from kiln.tir import expr as tx
 from kiln.tir.expr import Buffer, BufferLoad, ExprLike, PrimExpr, Var, as_expr
 
@@ -72,11 +75,43 @@ def iter_var(name: str, dom: Range | None, kind: IterKind, thread_tag: str = "")
 
 
 IndexLike = ExprLike
+DimLike = ExprLike | SymDim  # a dim of a shape: a symbolic dim of a relay type too, in a `size_vars` scope
 
 
-def as_index(value: IndexLike) -> PrimExpr:
-    """`value` as an expression (Python ints become int32 immediates)."""
+def as_index(value: DimLike) -> PrimExpr:
+    """`value` as an expression (Python ints become int32 immediates; a symbolic dim of a type, `2*n`, the
+    product of its size variables in the current `size_vars` scope)."""
+    if isinstance(value, SymDim):
+        return symbolic_dim(value)
     return as_expr(value)
+
+
+_SIZE_VARS: contextvars.ContextVar[dict[str, Var] | None] = contextvars.ContextVar("size_vars", default=None)
+
+
+@contextlib.contextmanager
+def size_vars() -> Iterator[dict[str, Var]]:
+    """A scope in which a symbolic dim named `n` is always the same int32 `Var` (one per kernel): the
+    placeholders and computes of one lowering share their sizes. Yields the name -> Var map."""
+    token = _SIZE_VARS.set({})
+    try:
+        scope = _SIZE_VARS.get()
+        assert scope is not None
+        yield scope
+    finally:
+        _SIZE_VARS.reset(token)
+
+
+def symbolic_dim(d: SymDim) -> PrimExpr:
+    """`d` as an expression of the current scope's size variables."""
+    scope = _SIZE_VARS.get()
+    if scope is None:
+        raise TEError(f"symbolic dim {d} outside te.size_vars(): lowering opens that scope")
+    factors = [scope.setdefault(name, Var(name, "int32")) for name, power in d.factors for _ in range(power)]
+    out: PrimExpr = factors[0] if d.coeff == 1 else tx.const(d.coeff, "int32") * factors[0]
+    for v in factors[1:]:
+        out = out * v
+    return out
 
 
 @attrs.frozen(eq=False, repr=False)
@@ -232,7 +267,7 @@ def var(name: str = "v", dtype: str = "int32") -> Var:
     return Var(name, dtype)
 
 
-def _shape(shape: IndexLike | Sequence[IndexLike], what: str) -> tuple[PrimExpr, ...]:
+def _shape(shape: DimLike | Sequence[DimLike], what: str) -> tuple[PrimExpr, ...]:
     dims = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
     out = tuple(as_index(d) for d in dims)
     for d in out:
@@ -243,7 +278,7 @@ def _shape(shape: IndexLike | Sequence[IndexLike], what: str) -> tuple[PrimExpr,
     return out
 
 
-def placeholder(shape: IndexLike | Sequence[IndexLike], dtype: str = "float32", name: str = "placeholder") -> Tensor:
+def placeholder(shape: DimLike | Sequence[DimLike], dtype: str = "float32", name: str = "placeholder") -> Tensor:
     """An input tensor of `shape` (ints or `te.var`s) and `dtype`."""
     return PlaceholderOp(name, _shape(shape, f"placeholder {name!r}"), dtype).output()
 
@@ -283,7 +318,7 @@ def _axis_names(fcompute: Callable[..., Any], ndim: int, name: str) -> list[str]
 
 
 def compute(
-    shape: IndexLike | Sequence[IndexLike],
+    shape: DimLike | Sequence[DimLike],
     fcompute: Callable[..., ExprLike],
     name: str = "compute",
     tag: str = "",

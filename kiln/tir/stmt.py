@@ -148,12 +148,19 @@ class PrimFunc:
 
     @property
     def size_vars(self) -> list[Var]:
-        """The symbolic dims of the parameters' shapes, in first-seen order."""
+        """The size variables of the parameters' shapes (a dim itself, or a factor of one such as `n*s`), in
+        first-seen order."""
+        from kiln.tir.functor import post_order_visit
+
         seen: dict[int, Var] = {}
+
+        def note(n: Any) -> None:
+            if isinstance(n, Var):
+                seen.setdefault(id(n), n)
+
         for buf in self.params:
             for d in buf.shape:
-                if isinstance(d, Var):
-                    seen.setdefault(id(d), d)
+                post_order_visit(d, note)
         return list(seen.values())
 
     def __str__(self) -> str:

@@ -351,7 +351,7 @@ def test_a_cuda_graph_replays_the_fast_path_between_copies_of_inputs_and_outputs
         xn = x * (n - 1.5)
         outs.append(ex(x=xn))
         np.testing.assert_allclose(outs[-1].get(), chain_numpy(xn), rtol=1e-5, atol=1e-6)
-    assert ex._graph is not None and ex._graph.launched == 3
+    assert ex._graph_launch is not None and ex._graph_launch.launched == 3
     assert len({o.data.ptr for o in outs}) == 4  # every run's output is an array of its own
     names = [name for name, *_ in launches]
     assert names == ["fused_0_kernel0", "fused_1_kernel0", "fused_2_kernel0"] * 4

@@ -15,9 +15,10 @@ import concurrent.futures
 import contextlib
 import hashlib
 import importlib.metadata
+import itertools
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
 from kiln.ir.transform import Pass, PassContext, Sequential
-from kiln.ir.types import TensorType, Type
+from kiln.ir.types import SymDim, TensorType, Type, dim_names, dim_subst
 from kiln.registry import Op, foreign_registration
 from kiln.relay import expr as rx
 from kiln.relay import transform as t
@@ -133,21 +134,23 @@ class _GraphBuilder:
         self.constants: dict[int, np.ndarray] = {}
         self.kernels: list[CompiledKernel] = []
         self.kernel_index: dict[int, int] = {}
+        self.named = 0  # launches of every graph built so far: kernel names stay distinct across variants
         self.progress = progress
 
     def _slot(self, ty: TensorType, kind: str, name: str = "") -> int:
-        shape = []
         for d in ty.shape:
-            if not isinstance(d, int):
+            if not isinstance(d, (int, SymDim)):
                 hint = (f": give its dims (relay.frontend.from_onnx(..., shape={{{name!r}: ...}}), or "
                         f"--shape {name}=D0,D1,... on the command line)") if kind == "input" else ""
-                raise BuildError(f"relay.build needs static shapes; {name or 'a value'} has type {ty}{hint}")
-            shape.append(d)
-        if math.prod(shape) > MAX_ELEMENTS:  # kernels index with int32 loop variables: refuse, not wrap
+                raise BuildError(f"relay.build needs static or symbolic dims; {name or 'a value'} has type {ty}{hint}")
+        if any(isinstance(d, SymDim) for d in ty.shape) and self.target.kind.get_attr(TDeviceType) != "cpu":
+            raise BuildError(f"symbolic dims compile for the CPU only so far; {name or 'a value'} has type {ty}")
+        static = [d for d in ty.shape if isinstance(d, int)]
+        if len(static) == len(ty.shape) and math.prod(static) > MAX_ELEMENTS:  # int32 loop variables: refuse
             what = f"input {name!r}" if kind == "input" else f"the result of {name}" if name else f"a {kind} value"
             raise BuildError(f"{what} has type {ty}: "
-                             f"{math.prod(shape)} elements, more than the {MAX_ELEMENTS} that kiln's kernels index")
-        self.slots.append(Slot(tuple(shape), str(ty.dtype), kind, name))
+                             f"{math.prod(static)} elements, more than the {MAX_ELEMENTS} that kiln's kernels index")
+        self.slots.append(Slot(tuple(ty.shape), str(ty.dtype), kind, name))
         return len(self.slots) - 1
 
     def _temps(self, ty: Type, made_by: str) -> list[int]:
@@ -178,14 +181,15 @@ class _GraphBuilder:
     def _launch(self, node: rx.Call, ins: list[int]) -> list[int]:
         """The slots of a call's results, and the launch of its kernel (none for empty results)."""
         outs = self._temps(node.checked_type, _made_by(node))
-        if all(self.slots[s].nbytes == 0 for s in outs):  # empty results: nothing to compute
+        if all(self.slots[s].is_static and self.slots[s].nbytes == 0 for s in outs):  # empty: nothing to compute
             for s in outs:  # an empty value holds no data: a constant, so that it needs no buffer
                 slot = self.slots[s]
                 self.slots[s] = Slot(slot.shape, slot.dtype, "const", slot.name)
-                self.constants[s] = np.empty(slot.shape, numpy_dtype(slot.dtype))
+                self.constants[s] = np.empty(slot.dims, numpy_dtype(slot.dtype))
             return outs
         fn = node.op if isinstance(node.op, rx.Function) else _wrap(node)
-        k, constants = self._kernel(fn, len(self.launches))
+        k, constants = self._kernel(fn, self.named)
+        self.named += 1
         const_slots = []
         for c in constants:
             s = self._slot(TensorType(c.shape, str(c.dtype)), "const")
@@ -195,6 +199,7 @@ class _GraphBuilder:
         return outs
 
     def build(self, func: rx.Function) -> Graph:
+        self.slots, self.launches, self.constants = [], [], {}  # a graph of its own; the kernels are shared
         calls = sum(isinstance(n, rx.Call) for n in post_order(func.body, leaf=lambda n: isinstance(n, rx.Function)))
         done = 0
 
@@ -213,7 +218,8 @@ class _GraphBuilder:
             if self.slots[s].kind == "temp":
                 self.slots[s] = Slot(self.slots[s].shape, self.slots[s].dtype, "output", self.slots[s].name)
         graph = Graph(self.slots, self.launches, inputs, list(outputs), self.constants)
-        graph.plan_memory()
+        if not graph.symbols:  # a graph of symbolic shapes is planned per size, when it runs
+            graph.plan_memory()
         return graph
 
 
@@ -221,7 +227,8 @@ _COMPILE_THREADS = min(4, detect.host_cpu().num_cores)  # as many as the code ge
 _NVRTC_THREADS = min(16, detect.host_cpu().num_cores)  # NVRTC compiles in this process, off its lock: a core each
 
 
-def _compile_ahead(func: rx.Function, target: Target, progress: Callable[[int, int], None] | None) -> None:
+def _compile_ahead(func: rx.Function, target: Target, progress: Callable[[int, int], None] | None,
+                   first: int = 0) -> None:
     """Compiles main's fused kernels on `_COMPILE_THREADS` threads before the graph walk, which then finds
     each in `compile_primitive`'s cache: while one thread waits for LLVM (in a compiler child, off this
     process's lock) another lowers the next kernel, and the children compile side by side. A kernel that
@@ -234,8 +241,8 @@ def _compile_ahead(func: rx.Function, target: Target, progress: Callable[[int, i
             if key in seen:
                 continue
             seen.add(key)
-            if any(math.prod(t.concrete_shape) for t in tensor_types(node.checked_type, "relay.build")
-                   if t.is_static):
+            if any(not t.is_static or math.prod(t.concrete_shape)
+                   for t in tensor_types(node.checked_type, "relay.build")):
                 prims.append(node.op)
     if not prims:
         return
@@ -247,7 +254,7 @@ def _compile_ahead(func: rx.Function, target: Target, progress: Callable[[int, i
         nonlocal done
         try:
             with PassContext(opt_level=ctx.opt_level, config=ctx.config):  # what lowering reads of it
-                compile_primitive(prims[n], target, name=f"fused_{n}")
+                compile_primitive(prims[n], target, name=f"fused_{first + n}")
         except Exception:  # the walk compiles it again and reports it
             pass
         with lock:
@@ -286,11 +293,15 @@ def _wrap(call: rx.Call) -> rx.Function:
     return fn
 
 
+_MAX_VARIANTS = 64  # static variants relay.build(specialize=...) makes at most
+
+
 def build(
     mod: IRModule | rx.Function,
     target: str | Target = "llvm",
     params: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    specialize: Mapping[str, Sequence[int]] | None = None,
 ) -> Library:
     """Compiles `mod`'s main function for `target`.
 
@@ -300,28 +311,74 @@ def build(
             compiling needs no GPU, running does).
         params: values of main's parameters to bind as constants (weights).
         progress: called as `progress(done, total)` after each kernel compiles.
+        specialize: for a main with symbolic dims, size variable -> the values to compile static fast paths
+            for (`{"n": [1, 8, 32]}`: one static graph per value, or per combination of several variables'
+            values); a run whose sizes are one of them takes it, any other runs the symbolic graph.
 
     Returns:
         The `runtime.Library`; `lib.create_executor()` runs it.
     """
     tgt = target if isinstance(target, Target) else Target(target)
     tgt.backend()  # a kind without a back end fails here, before any pass runs
-    key = library_key(mod, params, tgt)
+    key = library_key(mod, params, tgt, specialize)
     if key is not None:
         cached = library_cache.find(key)
         if cached is not None:
             return cached
-    mod = optimize(mod, params, tgt)
-    _compile_ahead(mod["main"], tgt, progress)
-    builder = _GraphBuilder(tgt, None)  # progress was reported as the kernels compiled
-    graph = builder.build(mod["main"])
-    lib = Library(graph, [k.module for k in builder.kernels], tgt)
+    base = _main(mod, params)
+    combos = _specializations(base["main"], specialize)
+    builder = _GraphBuilder(tgt, None)  # progress is reported as the kernels compile
+    graphs: list[Graph] = []
+    for sizes in [None, *combos]:
+        func = base["main"] if sizes is None else specialize_sizes(base["main"], sizes)
+        opt = optimize(func, None, tgt)
+        _compile_ahead(opt["main"], tgt, progress, first=builder.named)
+        graphs.append(builder.build(opt["main"]))
+    lib = Library(graphs[0], [k.module for k in builder.kernels], tgt,
+                  variants=list(zip(combos, graphs[1:], strict=True)))
     if key is not None:
         library_cache.store(key, lib)
     return lib
 
 
-def library_key(mod: IRModule | rx.Function, params: Mapping[str, Any] | None, target: Target) -> str | None:
+def _specializations(func: rx.Function, specialize: Mapping[str, Sequence[int]] | None) -> list[dict[str, int]]:
+    """The size combinations `specialize` asks for, checked against main's size variables."""
+    if not specialize:
+        return []
+    names = {n for p in func.params for t in tensor_types(p.checked_type, "an input") for d in t.shape
+             for n in dim_names(d)}
+    for name, values in specialize.items():
+        if name not in names:
+            raise BuildError(f"specialize: {name!r} is not a size variable of main's inputs; they are {sorted(names)}")
+        if isinstance(values, (str, bytes)) or not all(
+                isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise BuildError(f"specialize: the values of {name!r} must be sizes (ints >= 0), got {values!r}")
+    keys = sorted(specialize)
+    combos = [dict(zip(keys, map(int, vs), strict=True)) for vs in itertools.product(*(specialize[k] for k in keys))]
+    if len(combos) > _MAX_VARIANTS:
+        raise BuildError(f"specialize asks for {len(combos)} static variants; at most {_MAX_VARIANTS}")
+    return list({tuple(c.items()): c for c in combos}.values())
+
+
+def specialize_sizes(func: rx.Function, sizes: Mapping[str, int]) -> rx.Function:
+    """`func` (typed) with the size variables of `sizes` at those values in its parameters' types, re-typed."""
+    values: dict[int, rx.Expr] = {}
+    params = []
+    for p in func.params:
+        t = p.checked_type
+        if isinstance(t, TensorType) and any(dim_names(d) for d in t.shape):
+            new = rx.var(p.name_hint, TensorType(tuple(dim_subst(d, sizes) for d in t.shape), t.dtype))
+            values[id(p)] = new
+            params.append(new)
+        else:
+            params.append(p)
+    out = infer_type(rx.Function(params, _Bind(values).visit(func.body)))
+    assert isinstance(out, rx.Function)
+    return out
+
+
+def library_key(mod: IRModule | rx.Function, params: Mapping[str, Any] | None, target: Target,
+                specialize: Mapping[str, Sequence[int]] | None = None) -> str | None:
     """The key `relay.build` stores its library under (`runtime.library_cache`), or None where it does
     not cache: the caches are off, the target is neither a CPU nor a CUDA GPU, or code outside kiln has
     registered something (then what a build makes depends on code no key covers).
@@ -346,6 +403,7 @@ def library_key(mod: IRModule | rx.Function, params: Mapping[str, Any] | None, t
     h = hashlib.sha256()
     for part in (source_digest(), compiler, str(target), str(ctx.opt_level),
                  repr(sorted(ctx.config.items())), repr(sorted(ctx.required_pass)), repr(sorted(ctx.disabled_pass)),
+                 repr(sorted((k, list(map(int, v))) for k, v in (specialize or {}).items())),
                  astext(func, show_types=False, show_meta_data=False)):
         h.update(part.encode())
         h.update(b"\0")

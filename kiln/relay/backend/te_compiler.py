@@ -25,7 +25,7 @@ import numpy as np
 from kiln import te
 from kiln.errors import KilnError
 from kiln.ir.transform import PassContext, register_config
-from kiln.ir.types import SymDim, TensorType, TupleType, Type
+from kiln.ir.types import Dim, SymDim, TensorType, TupleType, Type
 from kiln.registry import Implementation, Op, OpPattern, attr
 from kiln.relay import expr as rx
 from kiln.relay.analysis import structural_hash
@@ -33,7 +33,10 @@ from kiln.relay.backend.strategy import select_implementation
 from kiln.relay.op._schedule import KEEP, schedule_injective
 from kiln.relay.visitor import post_order
 from kiln.target import Target
+from kiln.tir.expr import IntImm
+from kiln.tir.functor import same_expr
 from kiln.tir.pipeline import optimize_tir
+from kiln.tir.simplify import simplify
 
 USE_LABEL = "relay.backend.use_label"
 register_config(USE_LABEL, dict, "op name -> the implementation label lowering must use for it")
@@ -108,6 +111,13 @@ def flat_values(
     return env[id(func.body)]
 
 
+def _same_dim(got: Any, want: Dim) -> bool:
+    """Whether te's dim `got` is the type's dim `want` (a symbolic one: equal once both are simplified)."""
+    if isinstance(want, int):
+        return isinstance(got, IntImm) and got.value == want
+    return isinstance(want, SymDim) and same_expr(simplify(got), simplify(te.as_index(want)))
+
+
 def _is_immediate(node: rx.Constant) -> bool:
     """Whether a constant is compiled into the kernel (one element) rather than passed to it."""
     return bool(node.data.size == 1)
@@ -143,15 +153,11 @@ class _Lowerer:
         return tuple(out)
 
     def _shape(self, ty: TensorType, where: str) -> list[Any]:
-        shape: list[Any] = []
+        """The dims of `ty` for te: ints, and symbolic dims (`n`, `2*n`) that te makes size variables of."""
         for d in ty.shape:
-            if isinstance(d, int):
-                shape.append(d)
-            elif isinstance(d, SymDim):
-                raise LoweringError(f"{where}: symbolic dim {d} is not supported by relay.build yet")
-            else:
-                raise LoweringError(f"{where}: dim {d} is not static")
-        return shape
+            if not isinstance(d, (int, SymDim)):
+                raise LoweringError(f"{where}: dim {d} is neither static nor symbolic")
+        return list(ty.shape)
 
     def _placeholder(self, ty: TensorType, name: str, where: str) -> te.Tensor:
         t = te.placeholder(self._shape(ty, where), dtype=str(ty.dtype), name=name)
@@ -209,7 +215,10 @@ class _Lowerer:
         assert isinstance(op, Op)
         impl = self._implementation(call, op)
         out_types = tensor_types(call.checked_type, f"op {op.name}")
-        outs = impl.compute(call.attrs, inputs, call.checked_type)
+        try:
+            outs = impl.compute(call.attrs, inputs, call.checked_type)
+        except te.TEError as err:
+            raise LoweringError(f"op {op.name}: implementation {impl.name!r}: {err}") from err
         if not isinstance(outs, (list, tuple)) or len(outs) != len(out_types) or not all(
             isinstance(t, te.Tensor) for t in outs
         ):
@@ -218,10 +227,11 @@ class _Lowerer:
                 f"{len(out_types)} te tensor(s)"
             )
         for t, ty in zip(outs, out_types, strict=True):
-            shape = [int(getattr(d, "value", -1)) for d in t.shape]
-            if shape != list(ty.shape) or t.dtype != str(ty.dtype):
+            same = len(t.shape) == len(ty.shape) and all(
+                _same_dim(got, want) for got, want in zip(t.shape, ty.shape, strict=True))
+            if not same or t.dtype != str(ty.dtype):
                 raise LoweringError(
-                    f"op {op.name}: implementation {impl.name!r} computed {t.dtype}{shape}, "
+                    f"op {op.name}: implementation {impl.name!r} computed {t.dtype}[{', '.join(map(str, t.shape))}], "
                     f"but the op's type is {ty}"
                 )
         return list(outs), op.get_attr(attr.TOpPattern, OpPattern.OPAQUE), impl
@@ -295,9 +305,10 @@ def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: st
                 if other is func:
                     return kernel
                 return CompiledKernel(name, kernel.module, len(func.params), _tensor_constants(func), kernel.out_types)
-    sch, inputs, outs = lowerer.run()
-    module = tgt.backend()(optimize_tir(te.lower(sch, [*inputs, *outs], name=name)), tgt)
-    out_types = [TensorType([int(getattr(d, "value", 0)) for d in t.shape], t.dtype) for t in outs]
+    with te.size_vars():  # a symbolic dim is one size variable throughout the kernel
+        sch, inputs, outs = lowerer.run()
+        module = tgt.backend()(optimize_tir(te.lower(sch, [*inputs, *outs], name=name)), tgt)
+    out_types = tensor_types(func.body.checked_type, "the result")
     kernel = CompiledKernel(name, module, len(func.params), lowerer.constants, out_types)
     with _CACHE_LOCK:
         _CACHE.setdefault(key, []).append((func, kernel))

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kiln import te
-from kiln.ir.types import Dim, TensorType, TupleType, Type
+from kiln.ir.types import Dim, SymDim, TensorType, TupleType, Type
 from kiln.relay.expr import Constant
 from kiln.relay.op._rel import RelationError, normalize_axis
 from kiln.tir import expr as tx
@@ -72,10 +72,46 @@ def check_vector(t: TensorType, size: Dim, arg: int, what: str, data: TensorType
         raise RelationError(f"expected {what} of shape ({size},) (dim {axis} of data {data}), found {t}", arg=arg)
 
 
-def static_shape(ty: Type) -> tuple[int, ...]:
-    """The static shape of a tensor type (lowering only builds ops whose dims are all ints)."""
+DimExpr = int | PrimExpr  # a dim in a compute: an int, or an expression of the kernel's size variables
+
+
+def te_dims(t: te.Tensor) -> tuple[DimExpr, ...]:
+    """The dims of a te tensor: ints where static, expressions of the kernel's size variables where symbolic
+    (so a static shape builds the very index expressions it always did)."""
+    return tuple(int(d.value) if isinstance(d, tx.IntImm) else d for d in t.shape)
+
+
+def same_dims(a: te.Tensor, b: te.Tensor) -> bool:
+    """Whether two te tensors have the same shape (symbolic dims compared as expressions)."""
+    from kiln.tir.functor import same_expr
+
+    return len(a.shape) == len(b.shape) and all(
+        x.value == y.value if isinstance(x, tx.IntImm) and isinstance(y, tx.IntImm) else same_expr(x, y)
+        for x, y in zip(a.shape, b.shape, strict=True))
+
+
+def shape_dims(ty: Type) -> tuple[int | SymDim, ...]:
+    """The dims of a tensor type for te (`te.compute(shape_dims(out_type), ...)`): ints, and symbolic dims
+    (`n`, `2*n`), which te makes the kernel's size variables. ANY raises te.TEError."""
     assert isinstance(ty, TensorType)
-    return tuple(int(d) for d in ty.shape if isinstance(d, int))
+    if not all(isinstance(d, (int, SymDim)) for d in ty.shape):
+        raise te.TEError(f"needs static or symbolic dims; found {ty}")
+    return tuple(ty.shape)  # type: ignore[arg-type]
+
+
+def is_static(ty: Type) -> bool:
+    """Whether every dim of a tensor type is an int."""
+    assert isinstance(ty, TensorType)
+    return all(isinstance(d, int) for d in ty.shape)
+
+
+def static_shape(ty: Type) -> tuple[int, ...]:
+    """The static shape of a tensor type, for the computes that need every dim (a symbolic one raises
+    te.TEError, which lowering reports with the op's name)."""
+    assert isinstance(ty, TensorType)
+    if not all(isinstance(d, int) for d in ty.shape):
+        raise te.TEError(f"needs static shapes; found {ty} (symbolic dims are not supported by this compute yet)")
+    return tuple(int(d) for d in ty.shape)  # type: ignore[arg-type]
 
 
 def dtype_of(ty: Type) -> str:
@@ -102,5 +138,8 @@ def insert(index: Sequence[PrimExpr], axis: int, value: PrimExpr) -> tuple[PrimE
 
 
 def tensor_shape(t: te.Tensor) -> tuple[int, ...]:
-    """The static shape of a te tensor built by lowering (its dims are integer immediates)."""
-    return tuple(int(getattr(d, "value", -1)) for d in t.shape)
+    """The static shape of a te tensor built by lowering (a symbolic dim raises te.TEError, as `static_shape`)."""
+    if not all(isinstance(d, tx.IntImm) for d in t.shape):
+        raise te.TEError(f"needs static shapes; found {t.name} of shape ({', '.join(map(str, t.shape))}) "
+                         "(symbolic dims are not supported by this compute yet)")
+    return tuple(int(d.value) for d in t.shape)  # type: ignore[attr-defined]

@@ -98,13 +98,10 @@ def broadcast_dim(a: Dim, b: Dim) -> Dim | None:
         return a
     if isinstance(a, AnyDim) or isinstance(b, AnyDim):
         return ANY
-    if isinstance(a, int) and isinstance(b, int):
+    if isinstance(a, int) or isinstance(b, int):
+        # two sizes, or a size variable against a fixed size: the variable would have to be that size (or 1)
+        # at run time, which no kernel checks, so the types must say it
         return None
-    # a symbolic dim against another dim: it must equal it (or be 1) at run time
-    if isinstance(a, int):
-        return a
-    if isinstance(b, int):
-        return b
     return ANY
 
 
@@ -121,9 +118,9 @@ def broadcast_shapes(shapes: Sequence[Shape]) -> Shape:
             d = broadcast_dim(a, b)
             if d is None:
                 shown = ", ".join(f"({', '.join(map(str, s))})" for s in shapes)
-                raise RelationError(
-                    f"shapes {shown} do not broadcast: dim {axis} is {a} against {b}", arg=i
-                )
+                hint = "" if isinstance(a, int) and isinstance(b, int) else (
+                    ": a size variable broadcasts only against itself or 1; give that dim as the fixed size")
+                raise RelationError(f"shapes {shown} do not broadcast: dim {axis} is {a} against {b}{hint}", arg=i)
             out[axis] = d
     return tuple(out)
 
