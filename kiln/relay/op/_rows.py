@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from kiln import te
 from kiln.ir import graph
 from kiln.ir.dtype import DataType
-from kiln.relay.op._nn_util import accumulator, tensor_shape
+from kiln.ir.types import SymDim, dim_mul
+from kiln.relay.op._nn_util import accumulator
 from kiln.relay.op._schedule import (
     KEEP,
     op_attr,
@@ -48,13 +49,29 @@ AHEAD = "kiln.rows.ahead"  # ComputeOp attr of a `_wide` or `ALONG` stage: prefe
 _STREAM_BYTES = 8 * 1024 * 1024  # input and output together from this size on come from L3 or memory
 
 
-def streams(shape: Sequence[int], dtype: str) -> bool:
+def streams(shape: Sequence[int | SymDim], dtype: str) -> bool:
     """Whether a rows kernel's input and output of `shape` and `dtype` come from L3 or memory on every run:
     several times the bytes the cores' L2 caches hold (1 MiB each on this host's Zen 5). Prefetching the
     next row measured faster from 8 MiB on (softmax of 1024x1024 f32: 160 us instead of 170, of 2048x2048
     0.95 ms instead of 1.06), about even at 4 MiB, and only costs instructions below, where the rows stay
-    cached."""
-    return 2 * math.prod(shape) * DataType.of(dtype).bytes >= _STREAM_BYTES
+    cached. A symbolic shape is taken as cached: the prefetch only pays at sizes beyond a typical batch of
+    attention rows (1 x 12 x 128 x 128 floats are 1.5 MiB in and out)."""
+    if not all(isinstance(d, int) for d in shape):
+        return False
+    return 2 * math.prod(shape) * DataType.of(dtype).bytes >= _STREAM_BYTES  # type: ignore[arg-type]
+
+
+def row_count(dims: Sequence[int | SymDim]) -> int | SymDim:
+    """The number of rows of a tensor whose leading dims are `dims`: an int, or a symbolic dim (`12*n*s`)."""
+    count: int | SymDim = 1
+    for d in dims:
+        count = dim_mul(count, d)  # type: ignore[assignment]  # ints and monomials stay ints and monomials
+    return count
+
+
+def _index_dim(d: int | SymDim) -> int | PrimExpr:
+    """A dim for index arithmetic: an int as it is, a symbolic dim as the kernel's size variables."""
+    return d if isinstance(d, int) else te.as_index(d)
 
 
 def add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
@@ -62,7 +79,7 @@ def add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return a + b
 
 
-def row_reduce(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], identity: float, rows: tuple[int, ...],
+def row_reduce(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], identity: float, rows: tuple[int | SymDim, ...],
                n: int, lanes: int, value: Callable[[tuple[PrimExpr, ...], PrimExpr], PrimExpr],
                name: str, ahead: bool = False) -> te.Tensor:
     """`combine` of `value(row, k)` over k < n, per row, in stages that vectorize.
@@ -122,20 +139,20 @@ def row_reduce(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], identity: floa
     return te.compute(rows, horizontal, name=name)
 
 
-def flat(index: Sequence[PrimExpr], dims: Sequence[int]) -> PrimExpr:
-    """The row-major number of `index` in a tensor of `dims` (0 for no dims)."""
+def flat(index: Sequence[PrimExpr], dims: Sequence[int | SymDim]) -> PrimExpr:
+    """The row-major number of `index` in a tensor of `dims` (0 for no dims; symbolic dims allowed)."""
     number: PrimExpr = te.const(0, "int32")
     for i, d in zip(index, dims, strict=True):
-        number = number * d + i
+        number = number * _index_dim(d) + i
     return number
 
 
-def unflat(number: PrimExpr, dims: Sequence[int]) -> tuple[PrimExpr, ...]:
-    """The index of row-major number `number` in a tensor of `dims`."""
+def unflat(number: PrimExpr, dims: Sequence[int | SymDim]) -> tuple[PrimExpr, ...]:
+    """The index of row-major number `number` in a tensor of `dims` (symbolic dims allowed)."""
     index = []
     for d in reversed(dims[1:]):
-        index.append(number % d)
-        number = number // d
+        index.append(number % _index_dim(d))
+        number = number // _index_dim(d)
     return (number, *reversed(index)) if dims else ()
 
 
@@ -164,16 +181,20 @@ def schedule_rows(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequ
     *row_axes, col = stage.op.axis
     _, inner = stage.split(col, factor=lanes)
     stage.vectorize(inner)
-    *dims, n = tensor_shape(out)
+    *extents, n = [getattr(d, "value", None) for d in out.shape]
+    assert isinstance(n, int)  # the rows computes need a static row length
+    # the number of rows; None when symbolic (a batch, a sequence), taken as many
+    count = math.prod(extents) if all(isinstance(d, int) for d in extents) else None  # type: ignore[arg-type]
     row = None  # one row: the stages stay at the root, in order
     blocked = False
     if row_axes:
         row = row_axes[0] if len(row_axes) == 1 else stage.fuse(*row_axes)
         row_bytes = n * DataType.of(accumulator(out.dtype)).bytes
-        blocked = bool(op_attr(out, BLOCKS)) and math.prod(dims) >= lanes and row_bytes * lanes <= _BLOCK_BYTES
+        blocked = (bool(op_attr(out, BLOCKS)) and (count is None or count >= lanes)
+                   and row_bytes * lanes <= _BLOCK_BYTES)
         if blocked:
             row, _ = stage.split(row, factor=lanes)
-        if math.prod(dims) > 1 and worth_parallel(static_size(out)):
+        if (count is None or count > 1) and worth_parallel(static_size(out)):
             stage.parallel(row)
     for t in internal_stages(out):
         s = sch[t]

@@ -24,7 +24,7 @@ from typing import Any
 from kiln import te
 from kiln.ir.dtype import DataType
 from kiln.registry import OpPattern
-from kiln.relay.op._nn_util import tensor_shape
+from kiln.relay.op._nn_util import same_dims
 from kiln.target import FDefaultSchedule, Target, register_target_kind
 
 _VECTOR_BYTES = 64  # one zmm register; LLVM narrows it on hosts without AVX-512
@@ -69,8 +69,9 @@ def schedule_injective_stage(sch: te.Schedule, t: te.Tensor) -> None:
     """One injective stage: all axes fused, split into vector-wide chunks, the chunks parallel.
 
     The innermost chunk is vectorized; blocks of chunks run on the cores when the
-    tensor is large enough for it to pay. A static tensor whose trailing axes
-    hold `_ROW_MIN` elements or more is done as rows instead (`_injective_rows`).
+    tensor is large enough for it to pay (a symbolic one is taken as large). A
+    tensor whose trailing static axes hold `_ROW_MIN` elements or more is done as
+    rows instead (`_injective_rows`).
     """
     stage = sch[t]
     axes = list(stage.op.axis)
@@ -95,15 +96,27 @@ def _injective_rows(stage: te.Stage, t: te.Tensor) -> bool:
     elements, fewest axes) fused into one vectorized loop per row. A value broadcast along the row (a
     per-channel scale or bias of NCHW data: squeeze-excite's gate) is then one scalar per row, where
     in a split of all axes fused its index was a division per lane (a gather). Returns False (nothing
-    scheduled) for symbolic shapes, a single row, or no trailing axes of `_ROW_MIN` elements."""
+    scheduled) for a single row, or no trailing axes of `_ROW_MIN` elements.
+
+    Symbolic leading dims (a batch, a sequence: ("n", "s", 768)) make a symbolic number of rows, taken
+    as many (on the cores). A symbolic last dim ((3, "n"), ("n", "s")) is the row by itself, split
+    into vectors and a tail (a loop of its own, which te partitions), rather than all axes fused,
+    whose every index would then be a division by the size variable."""
     dims = [getattr(d, "value", None) for d in t.shape]
-    shape = [d for d in dims if isinstance(d, int)]
-    if len(shape) < 2 or len(shape) != len(dims):
+    if len(dims) < 2:
         return False
+    if not isinstance(dims[-1], int):
+        _symbolic_rows(stage, t, dims)
+        return True
+    symbolic = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    first = symbolic[-1] + 1 if symbolic else 0  # the row's axes start after the last symbolic one
+    shape = [d if isinstance(d, int) else 0 for d in dims]  # 0: never read where it stands for a symbolic dim
     k = len(shape) - 1
-    while k > 0 and math.prod(shape[k:]) < _ROW_MIN:
+    while k > first and math.prod(shape[k:]) < _ROW_MIN:
         k -= 1
-    if k == 0 or math.prod(shape[:k]) == 1:  # one row: all axes split into chunks spreads it on the cores
+    if k == 0 or k < first or math.prod(shape[k:]) < _ROW_MIN:
+        return False
+    if not symbolic and math.prod(shape[:k]) == 1:  # one row: all axes split into chunks spreads it on the cores
         return False
     axes = list(stage.op.axis)
     rows = axes[0] if k == 1 else stage.fuse(*axes[:k])
@@ -116,9 +129,22 @@ def _injective_rows(stage: te.Stage, t: te.Tensor) -> bool:
     else:
         _, inner = stage.split(row, factor=lanes)  # the tail: a loop of its own (partitioned)
         stage.vectorize(inner)
-    if worth_parallel(math.prod(shape)):
+    if worth_parallel(None if symbolic else math.prod(shape)):
         stage.parallel(rows)
     return True
+
+
+def _symbolic_rows(stage: te.Stage, t: te.Tensor, dims: list[int | None]) -> None:
+    """Rows of a symbolic length: the leading axes fused into rows, the last axis split into vectors
+    and a tail. The rows run on the cores, or, when there is one (static) row, blocks of 64 vectors."""
+    *leading, col = stage.op.axis
+    outer, inner = stage.split(col, factor=vector_lanes(t.dtype))
+    stage.vectorize(inner)
+    if all(isinstance(d, int) for d in dims[:-1]) and math.prod(dims[:-1]) == 1:  # type: ignore[arg-type]
+        block, _ = stage.split(outer, factor=64)
+        stage.parallel(block)
+        return
+    stage.parallel(leading[0] if len(leading) == 1 else stage.fuse(*leading))
 
 
 def schedule_injective(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
@@ -247,7 +273,7 @@ def split_epilogue(sch: te.Schedule, anchor: te.Tensor, outs: Sequence[te.Tensor
     values are accumulated in a local tile first (`cache_write`). Other outputs
     are scheduled as injective stages.
     """
-    same = [t for t in outs if t.op is not anchor.op and tensor_shape(t) == tensor_shape(anchor)]
+    same = [t for t in outs if t.op is not anchor.op and same_dims(t, anchor)]
     if len(outs) == 1 and same:
         return same[0], anchor
     for t in outs:

@@ -32,16 +32,11 @@ from kiln.relay.op import cuda_schedules
 from kiln.relay.op._nn_util import TILED_DTYPES, clamp, differ, dtype_of, packable_weight, static_shape, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
-from kiln.relay.op._schedule import (
-    KEEP,
-    divisor_at_most,
-    op_attr,
-    schedule_generic,
-    split_epilogue,
-    vector_lanes,
-)
+from kiln.relay.op._schedule import KEEP, divisor_at_most, op_attr, schedule_generic, split_epilogue, vector_lanes
 from kiln.relay.op.conv_grad import conv2d_grad, conv2d_transpose_grad
 from kiln.relay.op.conv_schedules import (
+    batch_shape,
+    batch_type_shape,
     conv2d_cpu_compute,
     conv2d_cpu_schedule,
     ovec_tiles,
@@ -379,9 +374,9 @@ def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type)
     """The direct convolution: a sum over (input channel of the group, kernel row, kernel column)."""
     data, weight = inputs
     layout = attrs.data_layout
-    _, _, h, w = pick(tensor_shape(data), DATA_AXES[layout])
+    _, _, h, w = pick(batch_shape(data), DATA_AXES[layout])
     o_total, ig, kh, kw = static_kernel_dims(weight, attrs)
-    shape = static_shape(out_type)
+    shape = batch_type_shape(out_type)
     dtype = dtype_of(out_type)
     _, _, oh, ow = pick(shape, DATA_AXES[layout])
     pt, pl, _, _ = attrs.padding
@@ -435,9 +430,9 @@ def _conv2d_rows_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: 
     if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or attrs.groups != 1:
         return _conv2d_compute(attrs, inputs, out_type)
     data, weight = inputs
-    n, c, h, w = tensor_shape(data)
+    n, c, h, w = batch_shape(data)
     _, _, kh, kw = tensor_shape(weight)
-    shape = static_shape(out_type)
+    shape = batch_type_shape(out_type)
     dtype = dtype_of(out_type)
     pt, pl, pb, pr = attrs.padding
     (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
@@ -698,9 +693,9 @@ def _conv2d_transpose_compute(attrs: Conv2DTransposeAttrs, inputs: list[te.Tenso
                               out_type: Type) -> list[te.Tensor]:
     """Gathers, for each output element, the input taps that the scatter of the reference adds into it."""
     data, weight = inputs
-    _, c_total, h, w = tensor_shape(data)
+    _, c_total, h, w = batch_shape(data)
     _, og, kh, kw = tensor_shape(weight)
-    shape = static_shape(out_type)
+    shape = batch_type_shape(out_type)
     dtype = dtype_of(out_type)
     cg = c_total // attrs.groups
     pt, pl, _, _ = attrs.padding

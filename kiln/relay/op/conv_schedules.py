@@ -54,7 +54,8 @@ from typing import Any
 
 from kiln import te
 from kiln.ir.dtype import DataType
-from kiln.relay.op._nn_util import clamp, dtype_of, static_shape, tensor_shape
+from kiln.ir.types import SymDim, Type
+from kiln.relay.op._nn_util import clamp, dtype_of, shape_dims, static_shape, tensor_shape
 from kiln.relay.op._schedule import KEEP, divisor_at_most, op_attr, split_epilogue, vector_lanes
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
@@ -74,6 +75,8 @@ _DW_STRIP_BYTES = 10 * 1024  # padded input rows made at a time
 _DW_GROUP_BYTES = 16 * 1024  # padded input of the channels of one task, when a channel is one tile
 
 Compute = Callable[[Any, list[te.Tensor], Any], list[te.Tensor]]
+Batch = int | SymDim | PrimExpr  # a batch dim: static, or symbolic (a relay type's, or the kernel's size variable)
+Dims = tuple[Any, ...]  # a shape whose batch dim (the first) is a `Batch`, its other dims ints
 KernelAt = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]  # (o, i, ky, kx) -> the weight there
 
 
@@ -86,11 +89,42 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# --- symbolic batch ------------------------------------------------------------------------------
+# The convolutions and pools of a CNN compiled once for any batch size have a symbolic batch dim (N,
+# the first in every layout) and static channels and spatial dims, which their tiles are chosen for.
+# N only ever sizes a compute's loop (the kernel's size variable, an argument); a schedule decision that
+# depends on it takes the smallest batch (1), which keeps the cores busy at any batch size.
+
+
+def batch_shape(t: te.Tensor) -> Dims:
+    """The shape of a te tensor built by lowering: its first dim (the batch) as it is (an int, or a
+    symbolic size), the others ints (a symbolic one raises te.TEError, as `tensor_shape`)."""
+    if not t.shape or isinstance(t.shape[0], tx.IntImm) or not all(isinstance(d, tx.IntImm) for d in t.shape[1:]):
+        return tensor_shape(t)
+    return (t.shape[0], *(int(d.value) for d in t.shape[1:] if isinstance(d, tx.IntImm)))
+
+
+def batch_type_shape(ty: Type) -> Dims:
+    """The shape of a tensor type for te: its first dim (the batch) an int or a symbolic dim, the others
+    ints (a symbolic one raises te.TEError, as `static_shape`)."""
+    dims = shape_dims(ty)
+    if dims and isinstance(dims[0], SymDim) and all(isinstance(d, int) for d in dims[1:]):
+        return dims
+    return static_shape(ty)
+
+
+def static_batch(d: Batch) -> int:
+    """A batch dim for a schedule decision: its value, or 1 where it is symbolic."""
+    if isinstance(d, tx.IntImm):
+        return int(d.value)
+    return d if isinstance(d, int) else 1
+
+
 def padded_input(data: te.Tensor, pads: tuple[int, int], size_hw: tuple[int, int]) -> te.Tensor:
     """`data` (NCHW) in a `size_hw` plane with zeros around it (`pads` (top, left) before it, the
     rest after); `data` itself when that adds nothing.
     """
-    n, c, h, w = tensor_shape(data)
+    n, c, h, w = batch_shape(data)
     (pt, pl), (hp, wp) = pads, size_hw
     if (pt, pl, hp, wp) == (0, 0, h, w):
         return data
@@ -153,7 +187,7 @@ def ovec_tiles(o: int, ow: int, lanes: int) -> tuple[int, int] | None:
     return None if best is None else best[1]
 
 
-def ovec_compute(data: te.Tensor, weight: te.Tensor, attrs: Any, shape: tuple[int, ...], dtype: str,
+def ovec_compute(data: te.Tensor, weight: te.Tensor, attrs: Any, shape: Dims, dtype: str,
                  kernel: tuple[int, int, int, int], kernel_at: KernelAt, block: int) -> te.Tensor | None:
     """The convolution as a (N, O/L, OH, OWp, L) sum over the packed weight, read back as NCHW.
 
@@ -161,7 +195,7 @@ def ovec_compute(data: te.Tensor, weight: te.Tensor, attrs: Any, shape: tuple[in
     is; any other is packed by a stage of the kernel (`kernel_at` reads it, `kernel` is its
     (O, I, KH, KW)).
     """
-    n, c, h, w = tensor_shape(data)
+    n, c, h, w = batch_shape(data)
     o, _, kh, kw = kernel
     _, _, oh, ow = shape
     lanes = vector_lanes(dtype)
@@ -223,7 +257,7 @@ def ovec_schedule(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor]) -> 
     oo, oi = stage.split(o, factor=bo * lanes)
     xo, xi = stage.split(x, factor=bx)
     stage.reorder(n, oo, y, xo, oi, xi)
-    batch, blocks = (int(d.value) for d in blocked.shape[:2])
+    batch, blocks = static_batch(blocked.shape[0]), batch_shape(blocked)[1]  # a symbolic batch: as 1
     panels = batch * blocks // bo >= _PANEL_TASKS
     tasks = stage.fuse(n, oo) if panels else stage.fuse(n, oo, y)
     stage.parallel(tasks)
@@ -334,7 +368,7 @@ def phase_planes(data: te.Tensor, pads: tuple[int, int], rows: int, stride: int,
     whose last vector LLVM leaves to scalar code), and the padding of every plane starts and ends
     at the same q: conditions on q alone, which loop partitioning cuts. `pads` is (top, left).
     """
-    n, c, h, w = tensor_shape(data)
+    n, c, h, w = batch_shape(data)
     top, left = pads
     first = _ceil(left, stride)
     whole = w // stride  # plane columns from `first` on where every phase holds an input column
@@ -357,7 +391,7 @@ def phase_planes(data: te.Tensor, pads: tuple[int, int], rows: int, stride: int,
                       attrs={KEEP: True})
 
 
-def depthwise_compute(data: te.Tensor, weight: te.Tensor, attrs: Any, shape: tuple[int, ...],
+def depthwise_compute(data: te.Tensor, weight: te.Tensor, attrs: Any, shape: Dims,
                       dtype: str) -> te.Tensor:
     """Each output channel's window sum over its input channel, in rows padded to whole vectors.
 
@@ -366,7 +400,7 @@ def depthwise_compute(data: te.Tensor, weight: te.Tensor, attrs: Any, shape: tup
     column stride whose rows are whole tiles reads the input itself. The taps of a kernel row are
     written out one by one.
     """
-    n, c, h, w = tensor_shape(data)
+    n, c, h, w = batch_shape(data)
     o, _, kh, kw = tensor_shape(weight)
     _, _, oh, ow = shape
     lanes = vector_lanes(dtype)
@@ -454,7 +488,7 @@ def pixel_tiles(o: int, ow: int, lanes: int) -> tuple[int, int]:
     return divisor_at_most(o, _MAX_ACC // nv), nv
 
 
-def pixels_compute(data: te.Tensor, shape: tuple[int, ...], dtype: str, kernel: tuple[int, int, int, int],
+def pixels_compute(data: te.Tensor, shape: Dims, dtype: str, kernel: tuple[int, int, int, int],
                    kernel_at: KernelAt) -> te.Tensor:
     """out[n, o, y, x] = sum over c of W[o, c] * X[n, c, y, x]: each weight a broadcast scalar, the
     input and the output contiguous along x."""
@@ -525,13 +559,13 @@ def stem_tiles(o: int, ow: int, lanes: int) -> tuple[int, int]:
     return best[1]
 
 
-def stem_compute(data: te.Tensor, attrs: Any, shape: tuple[int, ...], dtype: str, kernel: tuple[int, int, int, int],
+def stem_compute(data: te.Tensor, attrs: Any, shape: Dims, dtype: str, kernel: tuple[int, int, int, int],
                  kernel_at: KernelAt) -> te.Tensor:
     """out[n, o, y, x] = sum over (c, ky, kx) of W[o, c, ky, kx] * X[n, c, y*sh + ky*dh, x*sw + kx*dw], in
     rows padded to whole tiles: each weight a broadcast scalar, each tap a contiguous vector of a
     phase plane of the padded input (`phase_planes`: a column stride reads no gathers).
     """
-    n, c, h, _ = tensor_shape(data)
+    n, c, h, _ = batch_shape(data)
     o, _, kh, kw = kernel
     _, _, oh, ow = shape
     lanes = vector_lanes(dtype)
@@ -594,7 +628,7 @@ def stem_schedule(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor]) -> 
 # --- choosing and scheduling a form ---------------------------------------------------------------
 
 
-def _pixels_pay(attrs: Any, kernel: tuple[int, int, int, int], shape: tuple[int, ...], lanes: int) -> bool:
+def _pixels_pay(attrs: Any, kernel: tuple[int, int, int, int], shape: Dims, lanes: int) -> bool:
     """Whether "pixels" takes a convolution: 1x1 over the input as it is (stride 1, no padding), with
     few input channels ("ovec" writes each output element back from a channel vector, a scalar store
     per C multiply-adds: most of its time for small C, where "pixels" stores whole vectors), and rows
@@ -630,9 +664,9 @@ def conv2d_cpu_compute(attrs: Any, inputs: list[te.Tensor], out_type: Any, *, fa
     data, weight = inputs
     if attrs.data_layout != "NCHW" or not (attrs.kernel_layout == "OIHW" or block):
         return fallback(attrs, inputs, out_type)
-    shape = static_shape(out_type)
+    shape = batch_type_shape(out_type)
     dtype = dtype_of(out_type)
-    c = tensor_shape(data)[1]
+    c = batch_shape(data)[1]
     out: te.Tensor | None = None
     if attrs.groups == 1 and _pixels_pay(attrs, kernel, shape, vector_lanes(dtype)):
         out = pixels_compute(data, shape, dtype, kernel, kernel_at)

@@ -24,6 +24,7 @@ from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call, const
 from kiln.relay.op._grad import collapse_sum_to
 from kiln.relay.op._grad import shape_of as static_shape_of
+from kiln.relay.op._nn_util import shape_dims, te_dims
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, identity_shape, same_dtype, shape_relation, tensor_args
 from kiln.relay.op.indexing import DATA_ARG as _DATA
@@ -67,7 +68,7 @@ def _full_compute(attrs: FullAttrs, inputs: list[te.Tensor], out_type: Type) -> 
     value = inputs[0]
     assert isinstance(out_type, TensorType)
     dtype = str(out_type.dtype)
-    return [te.compute(static_shape(out_type), lambda *i: te.cast(value[()], dtype), name="full")]
+    return [te.compute(shape_dims(out_type), lambda *i: te.cast(value[()], dtype), name="full")]
 
 
 def _full_grad(fwd: Call, grad: Expr) -> list[Expr | None]:
@@ -119,7 +120,7 @@ def _fill_compute(fill: int, out_type: Type) -> list[te.Tensor]:
     """The compute of zeros, ones, zeros_like and ones_like: `fill` in the output's type."""
     assert isinstance(out_type, TensorType)
     value = te.const(fill, str(out_type.dtype))
-    return [te.compute(static_shape(out_type), lambda *i: value, name="fill")]
+    return [te.compute(shape_dims(out_type), lambda *i: value, name="fill")]
 
 
 for _name, _fill in [("zeros", 0), ("ones", 1)]:
@@ -182,12 +183,14 @@ def _shape_of_rel(arg_types: list[Type], attrs: ShapeOfAttrs) -> Type | None:
 
 
 def _shape_of_compute(attrs: ShapeOfAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
-    dims, dtype = static_shape(inputs[0]), str(attrs.dtype)
+    dtype = str(attrs.dtype)
+    # a symbolic dim is the kernel's size variable, bound from the input's shape
+    dims = [te.const(d, dtype) if isinstance(d, int) else te.cast(d, dtype) for d in te_dims(inputs[0])]
 
     def element(i: tx.PrimExpr) -> tx.PrimExpr:
-        value = te.const(dims[-1] if dims else 0, dtype)
+        value = dims[-1] if dims else te.const(0, dtype)
         for k in range(len(dims) - 2, -1, -1):
-            value = tx.select(tx.eq(i, k), te.const(dims[k], dtype), value)
+            value = tx.select(tx.eq(i, k), dims[k], value)
         return value
 
     return [te.compute(static_shape(out_type), element, name="shape_of")]

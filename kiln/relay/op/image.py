@@ -58,9 +58,10 @@ from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
-from kiln.relay.op._nn_util import Array, clamp, differ, static_shape, tensor_shape
+from kiln.relay.op._nn_util import Array, clamp, differ, tensor_shape
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
+from kiln.relay.op.conv_schedules import batch_shape, batch_type_shape
 from kiln.relay.op.image_grad import grid_sample_grad, resize_grad
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
@@ -421,7 +422,10 @@ def _resize_compute(attrs: ResizeAttrs, inputs: list[te.Tensor], out_type: Type)
     out of the other axes' loops: the expression, which lowering walks as a tree, stays small.
     """
     (data,) = inputs
-    plan = _plan(attrs, tensor_shape(data))
+    shape = batch_shape(data)
+    if any(not isinstance(shape[a], int) for a in _checked_axes(attrs, len(shape))):
+        shape = tensor_shape(data)  # a resized axis must be static (raises)
+    plan = _plan(attrs, shape)
     dtype = data.dtype
     acc = None if attrs.method == "nearest" and not attrs.exclude_outside else _acc_dtype(dtype)
     fill = te.const(_fill_value(attrs.extrapolation_value, acc or dtype), acc or dtype)
@@ -456,7 +460,7 @@ def _resize_compute(attrs: ResizeAttrs, inputs: list[te.Tensor], out_type: Type)
             value = te.if_then_else(tx.any_of(*outside), fill, value)
         return _to_dtype(value, dtype)
 
-    return [te.compute(static_shape(out_type), element, name="resize")]
+    return [te.compute(batch_type_shape(out_type), element, name="resize")]
 
 
 (register_op("image.resize")
@@ -689,7 +693,7 @@ def _gs_taps_te(g: PrimExpr, size: int, attrs: GridSampleAttrs,
 def _grid_sample_compute(attrs: GridSampleAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     """Each output element: the weighted sum over its taps, nested axis by axis (as `_resize_compute`)."""
     data, grid = inputs
-    sizes = tensor_shape(data)[2:]
+    sizes = batch_shape(data)[2:]
     nd, dtype = len(sizes), data.dtype
     acc = None if attrs.method == "nearest" else _acc_dtype(dtype)
     kind = DataType.of(acc or dtype)
@@ -723,7 +727,7 @@ def _grid_sample_compute(attrs: GridSampleAttrs, inputs: list[te.Tensor], out_ty
         value = interpolate(nd)
         return value if acc is None else te.cast(value, dtype)
 
-    return [te.compute(static_shape(out_type), element, name="grid_sample")]
+    return [te.compute(batch_type_shape(out_type), element, name="grid_sample")]
 
 
 (register_op("image.grid_sample")

@@ -40,6 +40,7 @@ from kiln.ir.types import ANY, Dim, TensorType, TupleType, Type, dim_add, dim_di
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op import indexing_grad
+from kiln.relay.op._nn_util import DimExpr, shape_dims, te_dims
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, shape_relation, tensor_args
 from kiln.tir import expr as tx
@@ -69,31 +70,40 @@ def check_axes(axes: Sequence[int], ndim: int, what: str = "axis") -> list[int]:
 
 
 def static_shape(ty: Type | te.Tensor) -> tuple[int, ...]:
-    """The static shape of a tensor type or te tensor (lowering only ever passes static ones)."""
+    """The static shape of a tensor type or te tensor, for the computes that need every dim (a symbolic
+    one raises te.TEError, which lowering reports with the op's name)."""
     dims = ty.shape if isinstance(ty, (TensorType, te.Tensor)) else None
     assert dims is not None, f"expected a tensor type, got {ty}"
     out: list[int] = []
     for d in dims:
         value = d if isinstance(d, int) else getattr(d, "value", None)
-        assert isinstance(value, int), f"dim {d} of {ty} is not static"
+        if not isinstance(value, int):
+            raise te.TEError(f"needs static shapes; found {ty} (symbolic dims are not supported by this compute yet)")
         out.append(value)
     return tuple(out)
 
 
-def unravel(flat: tx.PrimExpr, shape: Sequence[int]) -> tuple[tx.PrimExpr, ...]:
-    """The index into a row-major tensor of `shape` of its element number `flat` (in [0, size))."""
+
+
+
+def unravel(flat: tx.PrimExpr, shape: Sequence[DimExpr], bounded: bool = False) -> tuple[tx.PrimExpr, ...]:
+    """The index into a row-major tensor of `shape` of its element number `flat` (in [0, size)); `bounded`
+    leaves out the modulo of the outermost dim of size other than 1 (which `flat` < size makes a no-op)."""
     out: list[tx.PrimExpr] = []
-    stride = 1
-    for d in reversed(shape):
-        if d == 1:
+    stride: DimExpr = 1
+    outer = min((k for k, d in enumerate(shape) if not isinstance(d, int) or d != 1), default=-1) if bounded else -1
+    for k in range(len(shape) - 1, -1, -1):
+        d = shape[k]
+        if isinstance(d, int) and d == 1:
             out.append(tx.const(0))
         else:
-            out.append((flat // stride if stride != 1 else flat) % d)
-        stride *= d
+            q = flat // stride if not isinstance(stride, int) or stride != 1 else flat
+            out.append(q if k == outer else q % d)
+        stride = stride * d
     return tuple(reversed(out))
 
 
-def clamp(index: tx.PrimExpr, lo: int, hi: int) -> tx.PrimExpr:
+def clamp(index: tx.PrimExpr, lo: int, hi: DimExpr) -> tx.PrimExpr:
     """`index` clamped to [lo, hi]: keeps a load in bounds where the back end may evaluate it anyway."""
     return tx.max_(tx.min_(index, hi), lo)
 
@@ -167,16 +177,17 @@ def _split_compute(attrs: SplitAttrs, inputs: list[te.Tensor], out_type: Type) -
     assert isinstance(out_type, TupleType)
     axis = normalize_axis(attrs.axis, x.ndim)
     outs: list[te.Tensor] = []
-    start = 0
+    start: DimExpr = 0  # an expression once a piece before has a symbolic size along the axis
     for k, field in enumerate(out_type.fields):
-        shape = static_shape(field)
+        shape = shape_dims(field)
 
-        def piece(*i: tx.PrimExpr, start: int = start) -> tx.PrimExpr:
+        def piece(*i: tx.PrimExpr, start: DimExpr = start) -> tx.PrimExpr:
             index = (*i[:axis], i[axis] + start, *i[axis + 1 :])
             return x[index]
 
         outs.append(te.compute(shape, piece, name=f"split{k}"))
-        start += shape[axis]
+        size = shape[axis]
+        start = start + (size if isinstance(size, int) else te.as_index(size))
     return outs
 
 
@@ -265,15 +276,17 @@ def _strided_slice_ref(attrs: StridedSliceAttrs, x: Array) -> Array:
 
 
 def _strided_slice_compute(attrs: StridedSliceAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
-    x = inputs[0]
-    dims = static_shape(x)
-    # Python's range slicing is numpy's: the first index and the step of each sliced axis
-    picked = {axis: range(dims[axis])[begin:end:stride] for axis, begin, end, stride in attrs.slices(x.ndim)}
+    x, shape = inputs[0], shape_dims(out_type)
+    dims = te_dims(x)
+    # Python's range slicing is numpy's: the first index and the step of each sliced axis (a symbolic axis
+    # has a symbolic output dim only when it is taken whole, which the relation checks)
+    picked = {axis: range(d)[begin:end:stride] for axis, begin, end, stride in attrs.slices(x.ndim)
+              if isinstance(d := dims[axis], int)}
 
     def element(*i: tx.PrimExpr) -> tx.PrimExpr:
         return x[tuple(i[a] * picked[a].step + picked[a].start if a in picked else i[a] for a in range(x.ndim))]
 
-    return [te.compute(static_shape(out_type), element, name="strided_slice")]
+    return [te.compute(shape, element, name="strided_slice")]
 
 
 (register_op("strided_slice").describe("numpy slicing data[begin:end:stride] along some axes")
@@ -345,7 +358,7 @@ def _take_ref(attrs: TakeAttrs, x: Array, indices: Array) -> Array:
     return np.asarray(np.take(x, indices, axis=attrs.axis, mode=mode))
 
 
-def _safe_index(index: tx.PrimExpr, size: int, mode: str) -> tx.PrimExpr:
+def _safe_index(index: tx.PrimExpr, size: DimExpr, mode: str) -> tx.PrimExpr:
     """A data-dependent `index` into an axis of `size`, made in range as `mode` says, as int32.
 
     clip clamps to [0, size - 1]; wrap is the floor modulo; fast (indices promised in range)
@@ -354,6 +367,8 @@ def _safe_index(index: tx.PrimExpr, size: int, mode: str) -> tx.PrimExpr:
     """
     wide = "int64" if index.dtype in ("int64", "uint64") else "int32"
     index = tx.cast(wide, index)
+    if not isinstance(size, int):  # a symbolic size: an int32 expression of the kernel's size variables
+        size = tx.cast(wide, size)
     if mode == "wrap":
         index = index % size
     else:
@@ -365,11 +380,11 @@ def _safe_index(index: tx.PrimExpr, size: int, mode: str) -> tx.PrimExpr:
 
 def _take_compute(attrs: TakeAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     data, indices = inputs
-    dims = static_shape(data)
+    dims = te_dims(data)
     if attrs.axis is None:
-        size = 1
+        size: DimExpr = 1
         for d in dims:
-            size *= d
+            size = size * d
 
         def element(*i: tx.PrimExpr) -> tx.PrimExpr:
             return data[unravel(_safe_index(indices[i], size, attrs.mode), dims)]
@@ -381,7 +396,7 @@ def _take_compute(attrs: TakeAttrs, inputs: list[te.Tensor], out_type: Type) -> 
             index = (*i[:axis], at, *i[axis + k :])
             return data[index]
 
-    return [te.compute(static_shape(out_type), element, name="take")]
+    return [te.compute(shape_dims(out_type), element, name="take")]
 
 
 (register_op("take").describe("the elements of data at the given indices along an axis")
@@ -410,7 +425,7 @@ def _index_tensor(t: TensorType, arg: int, what: str = "indices") -> None:
         raise RelationError(f"expected integer {what}, found dtype {t.dtype}", arg=arg)
 
 
-def _in_range(index: tx.PrimExpr, size: int) -> tx.PrimExpr:
+def _in_range(index: tx.PrimExpr, size: DimExpr) -> tx.PrimExpr:
     """A data-dependent `index` into an axis of `size` as int32, negative ones counted from the end (ONNX's
     rule); clamped, so that an index out of range reads a wrong element instead of memory outside the tensor."""
     return _safe_index(index, size, "fast")
@@ -476,13 +491,13 @@ def _gather_elements_ref(attrs: AxisIndexAttrs, x: Array, indices: Array) -> Arr
 
 def _gather_elements_compute(attrs: AxisIndexAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     data, indices = inputs
-    axis, dims = normalize_axis(attrs.axis, data.ndim), static_shape(data)
+    axis, dims = normalize_axis(attrs.axis, data.ndim), te_dims(data)
 
     def element(*i: tx.PrimExpr) -> tx.PrimExpr:
         index = (*i[:axis], _in_range(indices[i], dims[axis]), *i[axis + 1 :])
         return data[index]
 
-    return [te.compute(static_shape(out_type), element, name="gather_elements")]
+    return [te.compute(shape_dims(out_type), element, name="gather_elements")]
 
 
 (register_op("gather_elements").describe("data[..., indices[i], ...] along an axis, element by element")
@@ -559,15 +574,16 @@ def _gather_nd_ref(attrs: GatherNDAttrs, x: Array, indices: Array) -> Array:
 
 def _gather_nd_compute(attrs: GatherNDAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     data, indices = inputs
-    dims, b, lead = static_shape(data), attrs.batch_dims, indices.ndim - 1
-    depth = static_shape(indices)[-1]
+    dims, b, lead = te_dims(data), attrs.batch_dims, indices.ndim - 1
+    depth = te_dims(indices)[-1]
+    assert isinstance(depth, int)  # the relation requires a static last dim
 
     def element(*i: tx.PrimExpr) -> tx.PrimExpr:
         picked = [_in_range(indices[_and_then(i[:lead], j)], dims[b + j]) for j in range(depth)]
         index = (*i[:b], *picked, *i[lead:])
         return data[index]
 
-    return [te.compute(static_shape(out_type), element, name="gather_nd")]
+    return [te.compute(shape_dims(out_type), element, name="gather_nd")]
 
 
 (register_op("gather_nd").describe("slices of data at index tuples (ONNX GatherND, with batch dims)")

@@ -27,7 +27,7 @@ from kiln.ir.attrs import Attrs, int_range, one_of, optional
 from kiln.ir.types import TensorType, Type
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Constant, Expr, Var, call, const
-from kiln.relay.op._nn_util import Array, accumulator, insert, static_shape, tensor_shape, without
+from kiln.relay.op._nn_util import Array, accumulator, insert, static_shape, te_dims, without
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, tensor_args
 from kiln.relay.op.indexing import take
@@ -120,7 +120,7 @@ def _loss_compute(softmax: bool) -> Callable[[LossAttrs, list[te.Tensor], Type],
 
     def compute(attrs: LossAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
         x, labels, weight = inputs
-        shape = tensor_shape(x)
+        shape = te_dims(x)  # a symbolic batch (or other dim) is its size variable
         c, rows = shape[1], without(shape, 1)
         acc = accumulator(x.dtype)
 

@@ -26,7 +26,7 @@ from kiln.ir.types import Dim, TensorType, Type, dim_mul
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op import cuda_schedules
-from kiln.relay.op._nn_util import TILED_DTYPES, Array, differ, dtype_of, packable_weight, static_shape, tensor_shape
+from kiln.relay.op._nn_util import TILED_DTYPES, Array, DimExpr, differ, dtype_of, packable_weight, shape_dims, te_dims
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, broadcast_dim, broadcast_shapes, same_dtype, tensor_args
 from kiln.relay.op._schedule import (
@@ -44,7 +44,23 @@ from kiln.relay.op.conv import dtype_or_none, optional_dtype
 from kiln.relay.op.nn_grad import batch_matmul_grad, dense_grad, matmul_grad
 from kiln.relay.op.shape import reshape, transpose
 from kiln.tir.expr import PrimExpr
+from kiln.tir.functor import same_expr
 from kiln.tir.transform import PARTITION_SELECTS
+
+
+def _out_dims(ty: Type) -> tuple[DimExpr, ...]:
+    """The dims of an output type as `_dims` gives them (symbolic dims as the kernel's size expressions)."""
+    return tuple(d if isinstance(d, int) else te.as_index(d) for d in shape_dims(ty))
+
+
+def _divides(tile: int, extent: DimExpr) -> bool:
+    """Whether `tile` is known to divide `extent` (never for a symbolic extent: it gets a tail)."""
+    return isinstance(extent, int) and extent % tile == 0
+
+
+def _round_up(extent: DimExpr, tile: int) -> DimExpr:
+    """`extent` rounded up to a multiple of `tile`."""
+    return -(-extent // tile) * tile if isinstance(extent, int) else (extent + (tile - 1)) // tile * tile
 
 # --- nn.dense, nn.matmul, nn.batch_matmul: attrs, relations, references, direct computes ----------
 
@@ -115,7 +131,7 @@ def _dense_ref(attrs: DenseAttrs, x: Array, w: Array) -> Array:
 def _dense_compute(attrs: DenseAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x, w = inputs
     dtype = dtype_of(out_type)
-    k = te.reduce_axis((0, tensor_shape(w)[1]), name="k")
+    k = te.reduce_axis((0, te_dims(w)[1]), name="k")
     block = attrs.weight_block
 
     def product(*i: PrimExpr) -> PrimExpr:
@@ -124,7 +140,7 @@ def _dense_compute(attrs: DenseAttrs, inputs: list[te.Tensor], out_type: Type) -
         weight = w[n // block, k, n % block] if block else w[n, k]
         return te.sum(te.cast(x[row], dtype) * te.cast(weight, dtype), axis=k)
 
-    return [te.compute(static_shape(out_type), product, name="dense")]
+    return [te.compute(_out_dims(out_type), product, name="dense")]
 
 
 @attrs.frozen
@@ -188,26 +204,38 @@ def _matmul_ref(attrs: MatmulAttrs | BatchMatmulAttrs, a: Array, b: Array) -> Ar
     return np.asarray(np.matmul(a.astype(dtype), b.astype(dtype)))
 
 
-def _batch_index(batch: Sequence[PrimExpr], shape: Sequence[int]) -> tuple[PrimExpr, ...]:
-    """The index into an operand's batch dims `shape` of the output's batch index (numpy broadcasting)."""
+def _batch_index(batch: Sequence[PrimExpr], shape: Sequence[DimExpr], out: Sequence[DimExpr]) -> tuple[PrimExpr, ...]:
+    """The index into an operand's batch dims `shape` of the output's batch index `batch` (numpy
+    broadcasting), the output's batch dims being `out`.
+
+    A symbolic dim of the operand that is not the output's (`n` against 4, which the type relation
+    allows) is 1 or the output's at run time: its index is clamped, which serves both.
+    """
     own = batch[len(batch) - len(shape):]
-    return tuple(te.const(0) if d == 1 else i for i, d in zip(own, shape, strict=True))
+    out = out[len(out) - len(shape):]
+
+    def index(i: PrimExpr, d: DimExpr, o: DimExpr) -> PrimExpr:
+        if isinstance(d, int):
+            return te.const(0) if d == 1 else i
+        return i if not isinstance(o, int) and same_expr(d, o) else te.min(i, d - 1)
+
+    return tuple(index(i, d, o) for i, d, o in zip(own, shape, out, strict=True))
 
 
 def _matmul_compute(attrs: MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tensor],
                     out_type: Type) -> list[te.Tensor]:
     """nn.matmul and nn.batch_matmul: out[..., m, n] = sum over k of a[..., m, k] * b[..., k, n]."""
     a, b = inputs
-    a_shape, b_shape = tensor_shape(a), tensor_shape(b)
-    shape = static_shape(out_type)
+    a_shape, b_shape = te_dims(a), te_dims(b)
+    shape = _out_dims(out_type)
     dtype = dtype_of(out_type)
     k = te.reduce_axis((0, a_shape[-2] if attrs.transpose_a else a_shape[-1]), name="k")
     nb = len(shape) - 2
 
     def product(*i: PrimExpr) -> PrimExpr:
         batch, m, n = i[:nb], i[nb], i[nb + 1]
-        ai = (*_batch_index(batch, a_shape[:-2]), *((k, m) if attrs.transpose_a else (m, k)))
-        bi = (*_batch_index(batch, b_shape[:-2]), *((n, k) if attrs.transpose_b else (k, n)))
+        ai = (*_batch_index(batch, a_shape[:-2], shape[:-2]), *((k, m) if attrs.transpose_a else (m, k)))
+        bi = (*_batch_index(batch, b_shape[:-2], shape[:-2]), *((n, k) if attrs.transpose_b else (k, n)))
         return te.sum(te.cast(a[ai], dtype) * te.cast(b[bi], dtype), axis=k)
 
     return [te.compute(shape, product, name="matmul")]
@@ -251,6 +279,12 @@ def _batch_matmul_rel(arg_types: list[Type], attrs: BatchMatmulAttrs) -> Type | 
 # Tile sizes need not divide M and N (`_tile`): a size without good divisors (197
 # tokens) gets full tiles and a tail, which te guards and loop partitioning peels
 # off, so the main tiles run unguarded.
+#
+# Symbolic dims (M, N, K, the batch: `relay.var("x", shape=("n", 768))`) are the kernel's
+# size variables. A symbolic M or N is tiled as a large extent without good divisors: full
+# tiles and a guarded tail, peeled by loop partitioning, so a static N (the dense layers of
+# an MLP or BERT) keeps the static build's tiles, panels and parallel loop; only the packed
+# form needs static dims (its copies' shapes are M and N over the tile).
 
 _MAX_TILE = 4
 _PACK_MIN = 1 << 26  # multiply-adds from which packing pays for its copies (1024^3: 0.3x -> 0.9x BLAS)
@@ -265,25 +299,25 @@ class _Product:
     def __init__(self, attrs: DenseAttrs | MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tensor],
                  out_type: Type) -> None:
         self.a, self.b = inputs
-        self.shape = static_shape(out_type)
+        self.shape = _out_dims(out_type)  # M, N, the batch dims may be symbolic
         self.dtype = dtype_of(out_type)
         self.nb = len(self.shape) - 2
         self.ta, self.tb = (False, True) if isinstance(attrs, DenseAttrs) else (attrs.transpose_a, attrs.transpose_b)
         self.block = attrs.weight_block if isinstance(attrs, DenseAttrs) else 0  # b packed as (N/block, K, block)
-        a_shape = tensor_shape(self.a)
-        self.k = a_shape[-2] if self.ta else a_shape[-1]
+        a_shape = te_dims(self.a)
+        self.k = a_shape[-2] if self.ta else a_shape[-1]  # static or symbolic (attention's probabilities @ V)
         self.b_nk = self.tb and not self.ta and not self.block  # both operands contiguous along K
 
     def a_at(self, batch: Sequence[PrimExpr], m: PrimExpr, k: PrimExpr) -> PrimExpr:
         """a's element (m, k) of output batch `batch`, in the output dtype."""
-        ai = (*_batch_index(batch, tensor_shape(self.a)[:-2]), *((k, m) if self.ta else (m, k)))
+        ai = (*_batch_index(batch, te_dims(self.a)[:-2], self.shape[:-2]), *((k, m) if self.ta else (m, k)))
         return te.cast(self.a[ai], self.dtype)
 
     def b_at(self, batch: Sequence[PrimExpr], n: PrimExpr, k: PrimExpr) -> PrimExpr:
         """b's element (k, n) of output batch `batch`, in the output dtype."""
         if self.block:  # a packed dense weight: no batch dims
             return te.cast(self.b[n // self.block, k, n % self.block], self.dtype)
-        bi = (*_batch_index(batch, tensor_shape(self.b)[:-2]), *((n, k) if self.tb else (k, n)))
+        bi = (*_batch_index(batch, te_dims(self.b)[:-2], self.shape[:-2]), *((n, k) if self.tb else (k, n)))
         return te.cast(self.b[bi], self.dtype)
 
     def term(self, i: Sequence[PrimExpr], k: PrimExpr) -> PrimExpr:
@@ -342,16 +376,16 @@ class _Product:
         """
         k = te.reduce_axis((0, self.k), name="k")
         *_, m, n = self.shape
-        tail = n % tiles[1] != 0
+        tail = not _divides(tiles[1], n)
         padded = self.padded_b(name, tiles[1]) if (tail or self.tb) and not self.block else None
 
         def product(*i: PrimExpr) -> PrimExpr:
-            if m % tiles[0]:
+            if not _divides(tiles[0], m):
                 i = (*i[:-2], te.min(i[-2], m - 1), i[-1])
             if padded is None:
                 return te.sum(self.term(i, k), axis=k)
             batch, row, j = i[: self.nb], i[self.nb], i[self.nb + 1]
-            bi = (*_batch_index(batch, tensor_shape(padded)[:-2]), k, j)
+            bi = (*_batch_index(batch, te_dims(padded)[:-2], self.shape[:-2]), k, j)
             return te.sum(self.a_at(batch, row, k) * padded[bi], axis=k)
 
         if padded is None:
@@ -359,7 +393,10 @@ class _Product:
         if not tail:
             return te.compute(self.shape, product, name=name, attrs={"tiles": tiles, "pads": (padded,)})
         lanes = vector_lanes(self.dtype)
-        wide = te.compute((*self.shape[:-1], -(-n // lanes) * lanes), product, name=f"{name}_wide")
+        # A symbolic N is rounded up to whole tiles: each tile's sums then run over the whole tile,
+        # where whole vectors would leave the last tile a loop of symbolic extent, guarded per lane.
+        width = _round_up(n, lanes if isinstance(n, int) else tiles[1])
+        wide = te.compute((*self.shape[:-1], width), product, name=f"{name}_wide")
 
         def copy(*i: PrimExpr) -> PrimExpr:
             return wide[i]
@@ -378,8 +415,8 @@ class _Product:
         tile divides it). It costs one pass over b, against M / bm reads of it by the tiles.
         """
         n = self.shape[-1]
-        width = -(-n // bn) * bn
-        b_batch = tensor_shape(self.b)[:-2]
+        width = _round_up(n, bn)
+        b_batch = te_dims(self.b)[:-2]
 
         def pad(*i: PrimExpr) -> PrimExpr:
             *batch, k, j = i
@@ -392,8 +429,12 @@ class _Product:
 
 def _product_compute(attrs: DenseAttrs | MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tensor],
                      out_type: Type) -> list[te.Tensor]:
-    """The tiled forms; a product with a 1-D side gets the direct compute (and the generic schedule)."""
-    if len(static_shape(out_type)) < 2:
+    """The tiled forms; a product with a 1-D side gets the direct compute (and the generic schedule).
+
+    A symbolic M or N is tiled as a large one (`_tile`), with a tail; a symbolic M (or K) takes the
+    outer form, and only static products are packed (the packed copies' shapes divide M by the tile).
+    """
+    if len(shape_dims(out_type)) < 2:
         if isinstance(attrs, DenseAttrs):
             return _dense_compute(attrs, inputs, out_type)
         return _matmul_compute(attrs, inputs, out_type)
@@ -402,16 +443,19 @@ def _product_compute(attrs: DenseAttrs | MatmulAttrs | BatchMatmulAttrs, inputs:
     *_, m, n = prod.shape
     lanes = vector_lanes(prod.dtype)
     if prod.block:  # b packed at build time (AlterOpLayout): the outer form reads its panels as they are
-        return [prod.outer(name, (min(m, _MAX_TILE), prod.block))]
-    if prod.nb == 0 and m * n * prod.k >= _PACK_MIN and m % _MAX_TILE == 0 and n % (4 * lanes) == 0:
+        return [prod.outer(name, (min(m, _MAX_TILE) if isinstance(m, int) else _MAX_TILE, prod.block))]
+    k = prod.k
+    if (isinstance(m, int) and isinstance(n, int) and isinstance(k, int) and prod.nb == 0
+            and m * n * k >= _PACK_MIN and m % _MAX_TILE == 0 and n % (4 * lanes) == 0):
         return [prod.packed(name, _MAX_TILE, 4 * lanes)]
     bm = _tile(m, _MAX_TILE)
-    if prod.b_nk and 4 * m < prod.k:  # few rows for K: a transposed copy of b would cost more than the sums
+    if prod.b_nk and isinstance(m, int) and isinstance(k, int) and 4 * m < k:
+        # few rows for K: a transposed copy of b would cost more than the sums
         return [prod.inner(name, (bm, _tile(n, {4: 4, 3: 5}.get(bm, 8))))]
     return [prod.outer(name, (bm, _tile(n, 4 * lanes, lanes)))]
 
 
-def _tile(extent: int, want: int, align: int = 1) -> int:
+def _tile(extent: DimExpr, want: int, align: int = 1) -> int:
     """The tile size along an axis of `extent` for a register tile `want` wide, a multiple of `align`
     (the vector width along a vectorized axis) where the extent allows.
 
@@ -419,8 +463,11 @@ def _tile(extent: int, want: int, align: int = 1) -> int:
     many whole vectors as fit, up to the tile, which leave a tail: a size without good divisors
     (ViT's 197 tokens, a prime) would else get tiles of 1, a dot product per output, and a tile
     of 50 columns a remainder loop in every row of it. Loop partitioning takes the tail's guard
-    out of the main tiles.
+    out of the main tiles. A symbolic extent is taken as a large one without good divisors: `want`
+    (a multiple of `align` where the callers ask for one), and a tail.
     """
+    if not isinstance(extent, int):
+        return want
     d = divisor_at_most(extent, want)
     if d % align == 0 and 2 * d >= min(extent, want):
         return d
@@ -457,7 +504,7 @@ def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: 
             sch[pad].parallel(row)
         sch[pad].pragma(col, PARTITION_SELECTS)  # a vectorized copy up to N, then zeros: no select per lane
         sch[pad].vectorize(col)
-    tiled, comp = split_epilogue(sch, c, outs, cache=per_tile is None)
+    tiled, comp = split_epilogue(sch, c, outs, per_tile is None)
     stage = sch[tiled]
     *batch, sm, sn = stage.op.axis
     mo, mi = stage.split(sm, factor=bm)
@@ -470,10 +517,12 @@ def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: 
         # of the main tiles by splitting the loop over `no`, which it cannot do once `no` is fused
         # with the batch (the guard then reads `fused % tiles`): the batch alone goes on the cores,
         # or `no` alone for a batch of 1 (its main part stays parallel, the tail runs after it).
-        shape = tensor_shape(c)
-        if shape[-1] % bn and math.prod(shape[:-2]) > 1:
+        # A symbolic batch is taken as more than 1, a symbolic N as one with a column tail.
+        *batch_shape, _, n = te_dims(c)
+        tail = not _divides(bn, n)
+        if tail and math.prod(d if isinstance(d, int) else 2 for d in batch_shape) > 1:
             stage.parallel(stage.fuse(*batch) if len(batch) > 1 else batch[0])
-        elif shape[-1] % bn:
+        elif tail:
             stage.parallel(no)
         else:
             stage.parallel(stage.fuse(*batch, no) if batch else no)
@@ -492,6 +541,7 @@ def _schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: 
     for iv in axes[:-1]:
         inner.unroll(iv)
     inner.vectorize(axes[-1])
+
 
 
 # --- nn.dense, nn.matmul, nn.batch_matmul: declarations and constructors --------------------------

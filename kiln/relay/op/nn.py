@@ -32,8 +32,9 @@ from kiln.relay.op._nn_util import (
     clamp,
     data_axis,
     insert,
+    shape_dims,
     static_shape,
-    tensor_shape,
+    te_dims,
     tuple_type,
     without,
 )
@@ -47,6 +48,7 @@ from kiln.relay.op._rows import (
     ROWS,
     add,
     flat,
+    row_count,
     row_reduce,
     schedule_rows,
     streams,
@@ -329,14 +331,14 @@ def _softmax_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor], Type
 
     def compute(attrs: SoftmaxAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
         (x,) = inputs
-        shape = static_shape(out_type)
+        shape = shape_dims(out_type)  # symbolic dims too, the normalized axis included
         axis = attrs.axis % len(shape)
         rows = without(shape, axis)
-        k = te.reduce_axis((0, shape[axis]), name="k")
+        k = te.reduce_axis((0, te.as_index(shape[axis])), name="k")
         acc, dtype = accumulator(x.dtype), x.dtype  # float16 sums in float32
         peak = te.compute(rows, lambda *j: te.max(x[insert(j, axis, k)], axis=k), name="softmax_max")
         shifted = te.compute(shape, lambda *i: te.cast(x[i] - peak[without(i, axis)], acc), name="softmax_shifted")
-        k2 = te.reduce_axis((0, shape[axis]), name="k2")
+        k2 = te.reduce_axis((0, te.as_index(shape[axis])), name="k2")
         total = te.compute(rows, lambda *j: te.sum(te.exp(shifted[insert(j, axis, k2)]), axis=k2), name="softmax_sum")
         if log:
             return [te.compute(shape, lambda *i: te.cast(shifted[i] - te.log(total[without(i, axis)]), dtype),
@@ -364,7 +366,8 @@ def _softmax_rows_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor],
     sum, then x - max - log(sum). Every loop along the row is vectorized, its reductions with partial
     results per lane (`_rows.row_reduce`); the row is read from memory once, then from the cache. The
     statistics of a row are numbered by the row's place in the rows flattened, so that a block of
-    consecutive rows is one range. Another axis, or an empty tensor, gets the generic compute.
+    consecutive rows is one range. Symbolic leading dims (a batch, a sequence) make a symbolic number
+    of rows. Another axis, an empty tensor or a symbolic row length gets the generic compute.
 
     A tensor that comes from L3 or memory (`_rows.streams`) has the next row prefetched by the pass
     that computes exp: the row buffer's (`AHEAD`), or the sum's where there is no buffer (log_softmax,
@@ -378,11 +381,11 @@ def _softmax_rows_compute(log: bool) -> Callable[[SoftmaxAttrs, list[te.Tensor],
 
     def compute(attrs: SoftmaxAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
         (x,) = inputs
-        shape = static_shape(out_type)
-        if attrs.axis % len(shape) != len(shape) - 1 or 0 in shape:
-            return generic(attrs, inputs, out_type)
+        shape = shape_dims(out_type)
         *dims, n = shape
-        rows = (math.prod(dims),)
+        if attrs.axis % len(shape) != len(shape) - 1 or 0 in shape or not isinstance(n, int):
+            return generic(attrs, inputs, out_type)  # also a symbolic row length: its loops' splits need it
+        rows = (row_count(dims),)  # symbolic leading dims (batch, sequence): a symbolic number of rows
         acc, dtype = accumulator(x.dtype), x.dtype  # float16 sums in float32
         lanes = vector_lanes(acc)
         stream = streams(shape, dtype)
@@ -624,22 +627,27 @@ def _pad_ref(attrs: PadAttrs, x: Array, pad_value: Array) -> Array:
     return np.pad(x, attrs.pad_width, mode=mode)
 
 
-def _pad_source(mode: str, i: PrimExpr, before: int, size: int) -> PrimExpr:
-    """The input index that padded index i reads in `mode` (constant mode: clamped, the caller guards it)."""
+def _pad_source(mode: str, i: PrimExpr, before: int, size: int | PrimExpr) -> PrimExpr:
+    """The input index that padded index i reads in `mode` (constant mode: clamped, the caller guards it).
+    `size` is the axis's size: an int, or a size variable's expression (a symbolic axis)."""
     j = i - before
     if mode == "reflect":  # one reflection suffices: the relation keeps each pad below the size
         j = (size - 1) - te.abs((size - 1) - te.abs(j))
     elif mode == "wrap":  # the floor modulo: pads may exceed the size, as numpy's wrap allows
         j = j % size
-    return clamp(j, size)  # for reflect too: it lets the bounds check see the index stays in the input
+    # clamped, for reflect too: it lets the bounds check see the index stays in the input
+    return clamp(j, size) if isinstance(size, int) else tx.max_(tx.min_(j, size - 1), 0)
 
 
 def _pad_compute(attrs: PadAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
-    """Each padded axis reads its source index; in constant mode a select outside the input takes pad_value."""
+    """Each padded axis reads its source index; in constant mode a select outside the input takes pad_value.
+    Any axis may be symbolic (the relation types a padded symbolic axis `?` today, which relay.build
+    refuses, so in practice the unpadded ones: a batch)."""
     x, pad_value = inputs
-    if 0 in tensor_shape(x):  # an empty input (constant mode, or the output is empty too): only pad_value
-        return [te.compute(static_shape(out_type), lambda *i: pad_value[()], name="pad")]
-    widths = zip(attrs.pad_width, tensor_shape(x), strict=True)
+    sizes = te_dims(x)
+    if 0 in sizes:  # an empty input (constant mode, or the output is empty too): only pad_value
+        return [te.compute(shape_dims(out_type), lambda *i: pad_value[()], name="pad")]
+    widths = zip(attrs.pad_width, sizes, strict=True)
     padded = [(axis, before, size) for axis, ((before, after), size) in enumerate(widths) if before or after]
 
     def fill(*i: PrimExpr) -> PrimExpr:
@@ -652,7 +660,7 @@ def _pad_compute(attrs: PadAttrs, inputs: list[te.Tensor], out_type: Type) -> li
         inside = tx.all_of(*[c for axis, before, size in padded for c in (i[axis] >= before, i[axis] < before + size)])
         return te.if_then_else(inside, value, pad_value[()])
 
-    return [te.compute(static_shape(out_type), fill, name="pad")]
+    return [te.compute(shape_dims(out_type), fill, name="pad")]
 
 
 (register_op("nn.pad").describe("pads each axis by (before, after) with a constant, the edge value, a reflection "

@@ -11,7 +11,6 @@ constructors are re-exported by `kiln.relay.op.nn`, so users write
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import attrs
@@ -29,13 +28,14 @@ from kiln.relay.op._nn_util import (
     check_vector,
     data_axis,
     insert,
+    shape_dims,
     static_shape,
     tuple_type,
     without,
 )
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
-from kiln.relay.op._rows import ROWS, add, flat, row_reduce, schedule_rows, unflat
+from kiln.relay.op._rows import ROWS, add, flat, row_count, row_reduce, schedule_rows, unflat
 from kiln.relay.op._schedule import KEEP, vector_lanes
 from kiln.relay.op.cuda_reduce import ROW_REDUCE, schedule_rows_cuda
 from kiln.relay.op.nn_grad import batch_norm_grad, layer_norm_grad
@@ -196,14 +196,15 @@ def _layer_norm_ref(attrs: LayerNormAttrs, x: Array, gamma: Array, beta: Array) 
 def _layer_norm_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     """Two reductions along the axis (the sum, then the sum of squared deviations), then the normalization."""
     x, gamma, beta = inputs
-    shape = static_shape(out_type)
+    shape = shape_dims(out_type)  # symbolic dims too, the normalized axis included
     axis = attrs.axis % len(shape)
     rows = without(shape, axis)
-    n = te.const(shape[axis], x.dtype)
+    size = shape[axis]
+    n = te.const(size, x.dtype) if isinstance(size, int) else te.cast(te.as_index(size), x.dtype)
     eps = te.const(attrs.epsilon, x.dtype)
-    k = te.reduce_axis((0, shape[axis]), name="k")
+    k = te.reduce_axis((0, te.as_index(shape[axis])), name="k")
     total = te.compute(rows, lambda *j: te.sum(x[insert(j, axis, k)], axis=k), name="layer_norm_sum")
-    k2 = te.reduce_axis((0, shape[axis]), name="k2")
+    k2 = te.reduce_axis((0, te.as_index(shape[axis])), name="k2")
 
     def squares(*j: PrimExpr) -> PrimExpr:
         d = x[insert(j, axis, k2)] - total[j] / n
@@ -226,14 +227,15 @@ def _layer_norm_rows_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out
     reference: E[x^2] - E[x]^2 would cancel for rows far from zero), both vectorized with partial
     results per lane (`row_reduce`); then 1 / sqrt(var + eps) once; then (x - mean) * that * gamma +
     beta, vectorized. The row is read three times, from the cache after the first. float16 computes in
-    float32 and rounds once at the end. Another axis, or an empty tensor, gets the generic compute.
+    float32 and rounds once at the end. Symbolic leading dims (a batch, a sequence) make a symbolic number
+    of rows. Another axis, an empty tensor or a symbolic row length gets the generic compute.
     """
     x, gamma, beta = inputs
-    shape = static_shape(out_type)
-    if attrs.axis % len(shape) != len(shape) - 1 or 0 in shape:
-        return _layer_norm_compute(attrs, inputs, out_type)
+    shape = shape_dims(out_type)
     *dims, n = shape
-    rows = (math.prod(dims),)
+    if attrs.axis % len(shape) != len(shape) - 1 or 0 in shape or not isinstance(n, int):
+        return _layer_norm_compute(attrs, inputs, out_type)
+    rows = (row_count(dims),)
     acc, dtype = accumulator(x.dtype), x.dtype
     lanes = vector_lanes(acc)
     count = te.const(n, acc)

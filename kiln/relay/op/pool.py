@@ -26,7 +26,7 @@ from kiln.ir.attrs import Attrs, bool_value, one_of
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
-from kiln.relay.op._nn_util import accumulator, static_shape, tensor_shape
+from kiln.relay.op._nn_util import accumulator
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, tensor_args
 from kiln.relay.op._schedule import KEEP, op_attr, schedule_injective_stage, static_size, worth_parallel
@@ -50,6 +50,7 @@ from kiln.relay.op.conv_grad import (
     global_max_pool2d_grad,
     max_pool2d_grad,
 )
+from kiln.relay.op.conv_schedules import batch_shape, batch_type_shape
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 
@@ -163,8 +164,8 @@ class _Window:
 
     def __init__(self, attrs: Pool2DAttrs, data: te.Tensor, out_type: Type) -> None:
         self.attrs, self.data = attrs, data
-        self.shape = static_shape(out_type)
-        _, _, self.h, self.w = pick(tensor_shape(data), DATA_AXES[attrs.layout])
+        self.shape = batch_type_shape(out_type)
+        _, _, self.h, self.w = pick(batch_shape(data), DATA_AXES[attrs.layout])
         _, _, oh, ow = pick(self.shape, DATA_AXES[attrs.layout])
         (kh, kw), (sh, sw), (dh, dw) = attrs.pool_size, attrs.strides, attrs.dilation
         pt, pl, _, _ = attrs.padding
@@ -266,7 +267,7 @@ def _max_pool2d_flat(attrs: MaxPool2DAttrs, data: te.Tensor, shape: Sequence[int
     end are computed and never read: the output picks the positions of its windows.
     """
     n, c, oh, ow = shape
-    w = static_shape(TensorType(tensor_shape(data), data.dtype))[3]
+    w = batch_shape(data)[3]
     (kh, kw), (sh, sw), (dh, dw) = attrs.pool_size, attrs.strides, attrs.dilation
     span = (oh - 1) * sh * w + (ow - 1) * sw + 1  # flat positions up to the last window's top-left tap
 
@@ -483,7 +484,7 @@ def _max_pool2d_argmax_compute(attrs: MaxPool2DArgmaxAttrs, inputs: list[te.Tens
     lowest = _lowest(data.dtype)
     best = win.compute(lambda n, c, y, x: te.max(win.read(n, c, y, x, lowest), axis=[win.ry, win.rx]),
                        "max_pool2d_argmax_best")
-    _, channels, height, width = tensor_shape(data)
+    _, channels, height, width = batch_shape(data)
     (kh, kw) = attrs.pool_size
     floating = np.issubdtype(np.dtype(data.dtype), np.floating)
 
@@ -623,7 +624,8 @@ def _global_ref(reduce: Callable[..., Any]) -> Callable[[GlobalPool2DAttrs, Arra
 def _global_compute(mean: bool) -> Callable[[GlobalPool2DAttrs, list[te.Tensor], Type], list[te.Tensor]]:
     def compute(attrs: GlobalPool2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
         (data,) = inputs
-        _, _, h, w = pick(tensor_shape(data), DATA_AXES[attrs.layout])
+        _, _, h, w = pick(batch_shape(data), DATA_AXES[attrs.layout])
+        shape = batch_type_shape(out_type)
         ry, rx = te.reduce_axis((0, h), "ry"), te.reduce_axis((0, w), "rx")
         acc = accumulator(data.dtype) if mean else data.dtype
 
@@ -635,17 +637,17 @@ def _global_compute(mean: bool) -> Callable[[GlobalPool2DAttrs, list[te.Tensor],
 
         name = "global_avg_pool2d" if mean else "global_max_pool2d"
         if attrs.layout == "NCHW":
-            out = te.compute((*static_shape(out_type)[:2],), pool, name=f"{name}_reduce")
+            out = te.compute(shape[:2], pool, name=f"{name}_reduce")
         else:
-            out = te.compute((*static_shape(out_type)[:1], static_shape(out_type)[3]), pool, name=f"{name}_reduce")
+            out = te.compute((shape[0], shape[3]), pool, name=f"{name}_reduce")
         div = te.const(h * w, acc)
 
         def finish(n: PrimExpr, c: PrimExpr) -> PrimExpr:
             return te.cast(out[n, c] / div, data.dtype) if mean else out[n, c]
 
         if attrs.layout == "NCHW":
-            return [te.compute(static_shape(out_type), lambda n, c, y, x: finish(n, c), name=name)]
-        return [te.compute(static_shape(out_type), lambda n, y, x, c: finish(n, c), name=name)]
+            return [te.compute(shape, lambda n, c, y, x: finish(n, c), name=name)]
+        return [te.compute(shape, lambda n, y, x, c: finish(n, c), name=name)]
 
     return compute
 

@@ -21,10 +21,10 @@ import numpy as np
 from kiln import te
 from kiln.ir.attrs import Attrs, FieldError, bool_value, int_range, int_tuple, optional, to_opt_int_tuple
 from kiln.ir.dtype import DataType
-from kiln.ir.types import Dim, TensorType, Type
+from kiln.ir.types import Dim, SymDim, TensorType, Type
 from kiln.registry import Op, OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
-from kiln.relay.op._nn_util import accumulator
+from kiln.relay.op._nn_util import accumulator, shape_dims
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
 from kiln.relay.op._schedule import KEEP, schedule_injective_stage, schedule_reduce
@@ -184,8 +184,20 @@ def _extent(d: PrimExpr) -> int:
     return d.value
 
 
-def _static(out_type: TensorType) -> tuple[int, ...]:
-    return tuple(d for d in out_type.shape if isinstance(d, int))
+def _count(dims: Sequence[PrimExpr]) -> int | PrimExpr:
+    """The number of elements of `dims`: an int when all are static, else an int32 expression of the
+    kernel's size variables."""
+    if all(isinstance(d, IntImm) for d in dims):
+        return int(np.prod([_extent(d) for d in dims]))
+    total: PrimExpr = tx.const(1)
+    for d in dims:
+        total = total * d
+    return total
+
+
+def _dims(out_type: TensorType) -> tuple[int | SymDim, ...]:
+    """The output's dims for te: ints, and symbolic dims (the kernel's size variables)."""
+    return shape_dims(out_type)
 
 
 def _input_index(
@@ -205,7 +217,7 @@ def _input_index(
 
 
 def _reduce(
-    x: te.Tensor, attrs: AnyReduceAttrs, shape: Sequence[int], kind: str, dtype: str, name: str,
+    x: te.Tensor, attrs: AnyReduceAttrs, shape: Sequence[int | SymDim], kind: str, dtype: str, name: str,
     mark: dict[str, Any] | None = None,
 ) -> te.Tensor:
     """`x` reduced by reducer `kind` over the axes `attrs` names, its elements first cast to `dtype`; `mark`
@@ -261,7 +273,7 @@ def _reduce_compute(
 
     def compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
         (x,) = inputs
-        shape = _static(out_type)
+        shape = _dims(out_type)
         mark = _cuda_mark(x, attrs, cuda)
         if kind in ("sum", "prod") and tx.is_float(x.dtype) and accumulator(x.dtype) != x.dtype:
             total = _reduce(x, attrs, shape, kind, accumulator(x.dtype), f"T_{kind}_acc")
@@ -279,11 +291,12 @@ def _mean_compute(cuda: bool = False) -> Callable[[ReduceAttrs, list[te.Tensor],
 
     def compute(attrs: ReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
         (x,) = inputs
-        shape, dtype = _static(out_type), x.dtype
-        count = int(np.prod([_extent(x.shape[a]) for a in reduce_axes(x.ndim, attrs.axis, attrs.exclude)]))
+        shape, dtype = _dims(out_type), x.dtype
+        count = _count([x.shape[a] for a in reduce_axes(x.ndim, attrs.axis, attrs.exclude)])
         acc = accumulator(dtype)
         total = _reduce(x, attrs, shape, "sum", acc, "T_mean_sum")
-        n = tx.const(count, acc)
+        # a symbolic count (a mean over `s`): the size variable, converted once per element
+        n = tx.const(count, acc) if isinstance(count, int) else tx.cast(acc, count)
         return [te.compute(shape, lambda *i: te.cast(total[i] / n, dtype), name="T_mean",
                            attrs=_cuda_mark(x, attrs, cuda))]
 
@@ -381,16 +394,17 @@ def _arg_compute(
 
     def compute(attrs: ArgReduceAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
         (x,) = inputs
-        shape = _static(out_type)
+        shape = _dims(out_type)
         axes = reduce_axes(x.ndim, attrs.axis, attrs.exclude)
         if not axes:  # a 0-d tensor: its one element
             return [te.compute(shape, lambda *i: tx.const(0), name=f"T_arg{kind}")]
         best = _reduce(x, attrs, shape, kind, x.dtype, f"T_arg{kind}_value")
-        extents = [_extent(x.shape[a]) for a in axes]
+        extents = [x.shape[a] for a in axes]  # IntImms, or size variables (a symbolic axis)
         rvs = [te.reduce_axis((0, e), name=f"k{a}") for a, e in zip(axes, extents, strict=True)]
         flat: PrimExpr = tx.const(0)
         for rv, e in zip(rvs, extents, strict=True):
             flat = flat * e + rv
+        past = _count(extents)  # no index: larger than every flat index
 
         def element(*out_index: PrimExpr) -> PrimExpr:
             v = x[_input_index(x.ndim, axes, attrs.keepdims, out_index, rvs)]
@@ -399,7 +413,7 @@ def _arg_compute(
                 hit = tx.any_of(hit, tx.ne(v, v))
             if attrs.select_last_index:
                 return te.max(tx.select(hit, flat, -1), axis=rvs)
-            return te.min(tx.select(hit, flat, int(np.prod(extents))), axis=rvs)
+            return te.min(tx.select(hit, flat, past), axis=rvs)
 
         return [te.compute(shape, element, name=f"T_arg{kind}", attrs=_cuda_mark(x, attrs, cuda))]
 
@@ -532,7 +546,7 @@ _SCAN_BLOCK = 16  # elements of a block of a long scan: log2 of it full passes, 
 _SCAN_BLOCKED = 256  # axes from this length on are scanned in blocks
 
 
-def _doubling(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], dims: tuple[int, ...], ax: int,
+def _doubling(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], dims: tuple[int | SymDim, ...], ax: int,
               first: Callable[[tuple[PrimExpr, ...], int], PrimExpr], name: str,
               last: Callable[[tuple[PrimExpr, ...]], tuple[tuple[PrimExpr, ...], Callable[[PrimExpr], PrimExpr]]]
               | None = None, keep: bool = False) -> te.Tensor:
@@ -551,10 +565,11 @@ def _doubling(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], dims: tuple[int
     returned tensor is an internal stage of the op, marked `KEEP` too.
     """
     n = dims[ax]
+    assert isinstance(n, int)  # the other dims may be symbolic
     count = (n - 1).bit_length() if n > 1 else 0  # 2^count >= n (max and sum are the ops here)
     pad = (1 << count) - 1
 
-    def along(length: int) -> tuple[int, ...]:
+    def along(length: int) -> tuple[int | SymDim, ...]:
         return (*dims[:ax], length, *dims[ax + 1:])
 
     def moved(index: tuple[PrimExpr, ...], to: PrimExpr) -> tuple[PrimExpr, ...]:
@@ -601,9 +616,11 @@ def _scan_compute(kind: str) -> Callable[[ScanAttrs, list[te.Tensor], TensorType
 
     def compute(attrs: ScanAttrs, inputs: list[te.Tensor], out_type: TensorType) -> list[te.Tensor]:
         (x,) = inputs
-        shape = _static(out_type)
+        shape = _dims(out_type)
         axis = attrs.axis % x.ndim
         n = shape[axis]
+        if not isinstance(n, int):  # the doubling steps' count and padding follow from the length
+            raise te.TEError(f"needs a static scan axis {axis}; found {out_type}")
         dtype = x.dtype
         acc = accumulator(dtype) if tx.is_float(dtype) else dtype
         identity = tx.const(0 if kind == "sum" else 1, acc)

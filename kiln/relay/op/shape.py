@@ -33,11 +33,11 @@ from kiln.ir.attrs import (
     to_int_tuple,
     to_opt_int_tuple,
 )
-from kiln.ir.types import ANY, Dim, TensorType, Type, dim_add, dim_div, dim_mul, dim_prod
+from kiln.ir.types import ANY, Dim, SizeVar, SymDim, TensorType, Type, dim_add, dim_div, dim_mul, dim_prod
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, Tuple, TupleGetItem, call
 from kiln.relay.op._grad import collapse_sum_to, shape_of
-from kiln.relay.op._nn_util import tensor_shape
+from kiln.relay.op._nn_util import DimExpr, shape_dims, te_dims
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import (
     RelationError,
@@ -159,23 +159,92 @@ def _fields_alike(fields: list[TensorType], op: str, skip_axis: int | None = Non
     return dims
 
 
-def _ravel(index: Sequence[tx.PrimExpr], shape: Sequence[int]) -> tx.PrimExpr:
+def _ravel(index: Sequence[tx.PrimExpr], shape: Sequence[DimExpr]) -> tx.PrimExpr:
     """The element number, in row-major order, of `index` into a tensor of `shape`."""
     flat: tx.PrimExpr = tx.const(0)
-    stride = 1
+    stride: DimExpr = 1
     for i, d in zip(reversed(index), reversed(shape), strict=True):
-        if d != 1:
-            flat = flat + (i * stride if stride != 1 else i)
-        stride *= d
+        if not isinstance(d, int) or d != 1:
+            flat = flat + (i * stride if not isinstance(stride, int) or stride != 1 else i)
+        stride = stride * d
     return flat
 
 
-def _reshape_tensor(x: te.Tensor, shape: tuple[int, ...], name: str) -> te.Tensor:
-    """`x`'s elements in row-major order in `shape` (the compute of reshape and its kin).
+def _as_dim(d: DimExpr) -> Dim:
+    """A te dim as a relay dim: an int, a product of size variables (`2*n`), or ANY for another expression."""
+    if isinstance(d, int):
+        return d
+    if isinstance(d, tx.IntImm):
+        return int(d.value)
+    if isinstance(d, tx.Var):
+        return SizeVar(d.name)
+    if isinstance(d, tx.Mul):
+        return dim_mul(_as_dim(d.a), _as_dim(d.b))
+    return ANY
+
+
+def _dims_alike(a: te.Tensor, b: te.Tensor) -> bool:
+    """Whether two te tensors are known to have one shape."""
+    da, db = [_as_dim(d) for d in te_dims(a)], [_as_dim(d) for d in te_dims(b)]
+    return da == db and ANY not in da
+
+
+def _reshape_groups(src: Sequence[Dim], dst: Sequence[Dim]) -> list[tuple[int, int]]:
+    """Where a reshape from `src` to `dst` may be cut into independent reshapes: the pairs (k, m), from (0, 0)
+    to (len(src), len(dst)), at which the products of src[:k] and of dst[:m] agree."""
+    cuts = [(0, 0)]
+    ps: Dim = 1
+    for k in range(1, len(src)):
+        ps = dim_mul(ps, src[k - 1])
+        if ps == ANY or ps == 0:
+            break
+        pd: Dim = 1
+        for m in range(1, len(dst)):
+            pd = dim_mul(pd, dst[m - 1])
+            if m > cuts[-1][1] and pd == ps:
+                cuts.append((k, m))
+                break
+    cuts.append((len(src), len(dst)))
+    return cuts
+
+
+def _reshape_symbolic(x: te.Tensor, shape: tuple[int | SymDim, ...], name: str) -> te.Tensor:
+    """`_reshape_tensor` with symbolic dims: cut into groups of dims whose products agree (`_reshape_groups`),
+    each axis of a group of one dim on each side (or of equal dims but 1s) read directly, a group whose dims
+    differ (768 as 12 x 64) through its element number (in the group, so with a static group no division
+    by a size variable)."""
+    src = te_dims(x)
+    src_dims = [_as_dim(d) for d in src]
+    dst = [d if isinstance(d, int) else te.as_index(d) for d in shape]
+    cuts = _reshape_groups(src_dims, shape)
+
+    def element(*i: tx.PrimExpr) -> tx.PrimExpr:
+        index: list[tx.PrimExpr] = []
+        for (a, c), (b, d) in itertools.pairwise(cuts):
+            kept_in = [k for k in range(a, b) if src_dims[k] != 1]
+            kept_out = [k for k in range(c, d) if shape[k] != 1]
+            if [src_dims[k] for k in kept_in] == [shape[k] for k in kept_out]:
+                part: list[tx.PrimExpr] = [tx.const(0)] * (b - a)
+                for k_in, k_out in zip(kept_in, kept_out, strict=True):
+                    part[k_in - a] = i[k_out]
+                index.extend(part)
+            else:
+                index.extend(unravel(_ravel(i[c:d], dst[c:d]), src[a:b], bounded=True))
+        return x[tuple(index)]
+
+    return te.compute(shape, element, name=name)
+
+
+def _reshape_tensor(x: te.Tensor, out_shape: tuple[int | SymDim, ...], name: str) -> te.Tensor:
+    """`x`'s elements in row-major order in `out_shape` (the compute of reshape and its kin).
 
     When only dims of size 1 come and go (squeeze, expand_dims, most batch_flattens), each
     output axis reads its input axis directly; otherwise through the element number.
+    Symbolic shapes go through `_reshape_symbolic`.
     """
+    shape = tuple(d for d in out_shape if isinstance(d, int))
+    if len(shape) < len(out_shape) or not all(isinstance(d, tx.IntImm) for d in x.shape):
+        return _reshape_symbolic(x, out_shape, name)
     dims = static_shape(x)
     kept_in = [k for k, d in enumerate(dims) if d != 1]
     kept_out = [k for k, d in enumerate(shape) if d != 1]
@@ -194,7 +263,7 @@ def _reshape_tensor(x: te.Tensor, shape: tuple[int, ...], name: str) -> te.Tenso
 
 
 def _reshape_compute(attrs: Any, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
-    return [_reshape_tensor(inputs[0], static_shape(out_type), "reshape")]
+    return [_reshape_tensor(inputs[0], shape_dims(out_type), "reshape")]
 
 
 # --- reshape, transpose, squeeze, expand_dims ----------------------------------------------
@@ -305,7 +374,7 @@ def _transpose_compute(attrs: TransposeAttrs, inputs: list[te.Tensor], out_type:
             index[a] = i[k]
         return x[tuple(index)]
 
-    return [te.compute(static_shape(out_type), element, name="transpose")]
+    return [te.compute(shape_dims(out_type), element, name="transpose")]
 
 
 (register_op("transpose").describe("permutes the dims")
@@ -426,20 +495,21 @@ def _concatenate_rel(arg_types: list[Type], attrs: AxisAttrs) -> Type | None:
 
 def _concatenate_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     axis = normalize_axis(attrs.axis, inputs[0].ndim)
-    pieces: list[tuple[te.Tensor, int, int]] = []  # (tensor, first output index on the axis, its size)
-    start = 0
+    # (tensor, first output index on the axis, its size): expressions of the size variables where symbolic
+    pieces: list[tuple[te.Tensor, DimExpr, DimExpr]] = []
+    start: DimExpr = 0
     for x in inputs:
-        size = static_shape(x)[axis]
-        if size:
+        size = te_dims(x)[axis]
+        if not isinstance(size, int) or size:
             pieces.append((x, start, size))
-        start += size
-    shape = static_shape(out_type)
+        start = start + size
+    shape = shape_dims(out_type)
     if not pieces:  # every input is empty along the axis, and so is the output
         return [te.compute(shape, lambda *i: te.const(0, inputs[0].dtype), name="concatenate")]
 
     def element(*i: tx.PrimExpr) -> tx.PrimExpr:
         # both sides of a select may be loaded, so each piece's index is clamped into that piece
-        def load(piece: tuple[te.Tensor, int, int]) -> tx.PrimExpr:
+        def load(piece: tuple[te.Tensor, DimExpr, DimExpr]) -> tx.PrimExpr:
             x, first, size = piece
             index = (*i[:axis], clamp(i[axis] - first, 0, size - 1), *i[axis + 1 :])
             return x[index]
@@ -468,7 +538,7 @@ def _schedule_concatenate(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], ou
     """
     out = outs[0]
     cat = _producer_with(out, _CONCAT_AXIS)  # the concatenation, or an elementwise op after it
-    if len(outs) != 1 or cat is None or tensor_shape(out) != tensor_shape(cat):
+    if len(outs) != 1 or cat is None or not _dims_alike(out, cat):
         schedule_injective(sch, anchor_outs, outs, target)
         return
     axis: int = op_attr(cat, _CONCAT_AXIS)
@@ -477,13 +547,21 @@ def _schedule_concatenate(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], ou
     joined = axes[axis]
     inside = axes[axis + 1:]
     lanes = vector_lanes(out.dtype)
-    if inside and tensor_shape(out)[-1] >= lanes:
+    last = te_dims(out)[-1]
+    if inside and (not isinstance(last, int) or last >= lanes):  # a symbolic row: split, the tail guarded
         # the last axis alone in vectors (splitting the fused inner axes would leave a tail guard in
         # quotients, `(o * 16 + i) // 55 < 55`, which loop partitioning does not take out)
         _, vec = stage.split(inside[-1], factor=lanes)
         stage.vectorize(vec)
     elif inside:  # short rows (13 wide): the inner axes as one contiguous loop, vectorized whole
         stage.vectorize(inside[0] if len(inside) == 1 else stage.fuse(*inside))
+    if axis and any(not isinstance(d, int) for d in te_dims(out)[:axis + 1]):
+        # symbolic outer axes: fused among themselves (on the cores), the joined axis its own loop
+        # inside them, cut at the pieces' ends; fused with it, each index was a division by a size variable
+        rows = stage.fuse(*axes[:axis]) if axis > 1 else axes[0]
+        stage.pragma(joined, PARTITION_SELECTS)
+        stage.parallel(rows)
+        return
     outer = stage.fuse(*axes[:axis + 1]) if axis else joined
     stage.pragma(outer, PARTITION_SELECTS)
     if worth_parallel(static_size(out)):
@@ -530,7 +608,7 @@ def _stack_rel(arg_types: list[Type], attrs: AxisAttrs) -> Type | None:
 
 
 def _stack_compute(attrs: AxisAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
-    shape = static_shape(out_type)
+    shape = shape_dims(out_type)
     at = normalize_axis(attrs.axis, len(shape))
 
     def element(*i: tx.PrimExpr) -> tx.PrimExpr:
@@ -583,11 +661,11 @@ def _broadcast_to_shape(shapes: list[Shape], attrs: ShapeAttrs) -> Shape:
 
 def _broadcast_to_compute(attrs: ShapeAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x, shape = inputs[0], static_shape(out_type)
-    dims = static_shape(x)
+    dims = te_dims(x)  # a symbolic dim equals its target dim (or is 1, which the data must not be)
     lead = len(shape) - len(dims)
 
     def element(*i: tx.PrimExpr) -> tx.PrimExpr:
-        return x[tuple(tx.const(0) if d == 1 else i[lead + k] for k, d in enumerate(dims))]
+        return x[tuple(tx.const(0) if isinstance(d, int) and d == 1 else i[lead + k] for k, d in enumerate(dims))]
 
     return [te.compute(shape, element, name="broadcast_to")]
 
@@ -648,13 +726,14 @@ def _tile_shape(shapes: list[Shape], attrs: TileAttrs) -> Shape:
 
 
 def _tile_compute(attrs: TileAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
-    x, shape = inputs[0], static_shape(out_type)
-    dims = static_shape(x)
+    x, shape = inputs[0], shape_dims(out_type)
+    dims = te_dims(x)
     lead = len(shape) - len(dims)
 
     def element(*i: tx.PrimExpr) -> tx.PrimExpr:
         return x[tuple(
-            tx.const(0) if d == 1 else i[lead + k] if shape[lead + k] == d else i[lead + k] % d
+            tx.const(0) if isinstance(d, int) and d == 1 else i[lead + k] if shape[lead + k] == _as_dim(d)
+            else i[lead + k] % d
             for k, d in enumerate(dims)
         )]
 
