@@ -29,8 +29,10 @@ def _weights(rng: np.random.Generator, shapes: Mapping[str, tuple[int, ...]]) ->
     return out
 
 
-def mlp(batch: int = 64, sizes: tuple[int, ...] = (784, 512, 512, 10), seed: int = 0) -> tuple[relay.Function, Params]:
-    """The MLP: dense + bias + relu between every pair of sizes (no relu after the last)."""
+def mlp(batch: int | str = 64, sizes: tuple[int, ...] = (784, 512, 512, 10), seed: int = 0,
+        ) -> tuple[relay.Function, Params]:
+    """The MLP: dense + bias + relu between every pair of sizes (no relu after the last). `batch` may be a
+    size variable's name ("n"): the function then takes any batch."""
     rng = np.random.default_rng(seed)
     x = relay.var("x", shape=(batch, sizes[0]))
     params_vars = []
@@ -56,10 +58,11 @@ def mlp_numpy(x: np.ndarray, p: Params) -> np.ndarray:
     return x
 
 
-def cnn(batch: int = 1, size: int = 224, channels: tuple[int, int] = (16, 32), seed: int = 0) -> tuple[
+def cnn(batch: int | str = 1, size: int = 224, channels: tuple[int, int] = (16, 32), seed: int = 0) -> tuple[
     relay.Function, Params
 ]:
-    """The CNN: (conv3x3 pad 1, batch_norm, relu, maxpool 2x2) twice, global average pool, dense 10."""
+    """The CNN: (conv3x3 pad 1, batch_norm, relu, maxpool 2x2) twice, global average pool, dense 10. `batch` may
+    be a size variable's name."""
     rng = np.random.default_rng(seed)
     x = relay.var("x", shape=(batch, 3, size, size))
     h: Any = x
@@ -76,7 +79,7 @@ def cnn(batch: int = 1, size: int = 224, channels: tuple[int, int] = (16, 32), s
         h = relay.TupleGetItem(relay.nn.batch_norm(h, vs[1], vs[2], vs[3], vs[4]), 0)
         h = relay.nn.max_pool2d(relay.nn.relu(h), pool_size=(2, 2), strides=(2, 2))
         cin = cout
-    h = relay.reshape(relay.nn.global_avg_pool2d(h), (batch, cin))
+    h = relay.reshape(relay.nn.global_avg_pool2d(h), (-1, cin))
     w, b = relay.var("fc_w", shape=(10, cin)), relay.var("fc_b", shape=(10,))
     shapes["fc_w"], shapes["fc_b"] = (10, cin), (10,)
     out = relay.nn.bias_add(relay.nn.dense(h, w), b)
@@ -110,3 +113,60 @@ def cnn_numpy(x: np.ndarray, p: Params, layers: int = 2) -> np.ndarray:
     x = x.mean(axis=(2, 3))
     out: np.ndarray = x @ p["fc_w"].T + p["fc_b"]
     return out
+
+
+def encoder(batch: int | str = 1, seq: int | str = 128, hidden: int = 768, heads: int = 12, ffn: int = 3072,
+            seed: int = 0) -> tuple[relay.Function, Params]:
+    """One BERT encoder layer (post-norm): self-attention over `heads` heads, add & layer_norm, a gelu FFN,
+    add & layer_norm, on x (batch, seq, hidden). `batch` and `seq` may be size variables' names."""
+    rng = np.random.default_rng(seed)
+    d = hidden // heads
+    x = relay.var("x", shape=(batch, seq, hidden))
+    shapes = {"wq": (hidden, hidden), "wk": (hidden, hidden), "wv": (hidden, hidden), "wo": (hidden, hidden),
+              "w1": (ffn, hidden), "w2": (hidden, ffn)}
+    bias = {"bq": hidden, "bk": hidden, "bv": hidden, "bo": hidden, "b1": ffn, "b2": hidden,
+            "g1": hidden, "e1": hidden, "g2": hidden, "e2": hidden}
+    v = {n: relay.var(n, shape=s) for n, s in shapes.items()} | {n: relay.var(n, shape=(k,)) for n, k in bias.items()}
+
+    def dense(h: Any, w: str, b: str) -> Any:
+        return relay.nn.bias_add(relay.nn.dense(h, v[w]), v[b], axis=-1)
+
+    def split(h: Any) -> Any:  # (batch, seq, hidden) -> (batch, heads, seq, d)
+        return relay.transpose(relay.reshape(h, (0, 0, heads, d)), (0, 2, 1, 3))
+
+    q, k, val = split(dense(x, "wq", "bq")), split(dense(x, "wk", "bk")), split(dense(x, "wv", "bv"))
+    scores = relay.multiply(relay.nn.matmul(q, k, transpose_b=True), relay.const(np.float32(1 / np.sqrt(d))))
+    ctx = relay.nn.matmul(relay.nn.softmax(scores, axis=-1), val)
+    ctx = relay.reshape(relay.transpose(ctx, (0, 2, 1, 3)), (0, 0, hidden))
+    h = relay.nn.layer_norm(relay.add(x, dense(ctx, "wo", "bo")), v["g1"], v["e1"], axis=-1)
+    f = dense(relay.nn.gelu(dense(h, "w1", "b1")), "w2", "b2")
+    out = relay.nn.layer_norm(relay.add(h, f), v["g2"], v["e2"], axis=-1)
+    params = _weights(rng, {**shapes, **{n: (k,) for n, k in bias.items()}})
+    for n in ("g1", "g2"):
+        params[n] = 1 + params[n]
+    return relay.Function([x, *v.values()], out), params
+
+
+def encoder_numpy(x: np.ndarray, p: Params, heads: int = 12) -> np.ndarray:
+    """The encoder layer in numpy (float64 inside)."""
+    from math import erf, sqrt
+
+    b, s, hidden = x.shape
+    d = hidden // heads
+
+    def split(h: np.ndarray) -> np.ndarray:
+        return np.asarray(h.reshape(b, s, heads, d).transpose(0, 2, 1, 3))
+
+    def norm(h: np.ndarray, g: np.ndarray, e: np.ndarray) -> np.ndarray:
+        mu, var = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+        return np.asarray((h - mu) / np.sqrt(var + 1e-5) * g + e)
+
+    x = x.astype(np.float64)
+    q, k, v = (split(x @ p[f"w{t}"].T + p[f"b{t}"]) for t in "qkv")
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d)
+    scores = np.exp(scores - scores.max(-1, keepdims=True))
+    ctx = (scores / scores.sum(-1, keepdims=True)) @ v
+    h = norm(x + ctx.transpose(0, 2, 1, 3).reshape(b, s, hidden) @ p["wo"].T + p["bo"], p["g1"], p["e1"])
+    a = h @ p["w1"].T + p["b1"]
+    a = 0.5 * a * (1 + np.vectorize(erf)(a / sqrt(2)))
+    return norm(h + a @ p["w2"].T + p["b2"], p["g2"], p["e2"])
