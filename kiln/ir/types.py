@@ -38,6 +38,37 @@ class SymDim:
     def __repr__(self) -> str:
         return f"SymDim({self})"
 
+    # Arithmetic where the result is a dim again (`2*n`, `n*s`, `2*n // 2`), for values computed from shapes
+    # (ONNX's Shape -> Gather -> Mul chains); anything else raises ValueError.
+    def __mul__(self, other: object) -> Dim:
+        if not isinstance(other, (int, SymDim)) or isinstance(other, bool):
+            return NotImplemented
+        return dim_mul(self, other)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: object) -> Dim:
+        if not isinstance(other, (int, SymDim)) or isinstance(other, bool):
+            return NotImplemented
+        return _exact(dim_div(self, other), self, "//", other)
+
+    def __rfloordiv__(self, other: object) -> Dim:
+        if not isinstance(other, int) or isinstance(other, bool):
+            return NotImplemented
+        return _exact(dim_div(other, self), other, "//", self)
+
+    def __add__(self, other: object) -> Dim:
+        if not isinstance(other, (int, SymDim)) or isinstance(other, bool):
+            return NotImplemented
+        return _exact(dim_add(self, other), self, "+", other)
+
+    __radd__ = __add__
+
+    def __sub__(self, other: object) -> Dim:
+        if not isinstance(other, (int, SymDim)) or isinstance(other, bool):
+            return NotImplemented
+        return _exact(dim_add(self, dim_mul(other, -1)) if other != self else 0, self, "-", other)
+
 
 @attrs.frozen(repr=False)
 class AnyDim:
@@ -114,6 +145,12 @@ def dim_add(a: Dim, b: Dim) -> Dim:
     if b == 0:
         return a
     return ANY
+
+
+def _exact(d: Dim | None, a: Dim, op: str, b: Dim) -> Dim:
+    if d is None or isinstance(d, AnyDim):
+        raise ValueError(f"{a} {op} {b} is not a dim kiln can write (a product of sizes)")
+    return d
 
 
 def dim_prod(dims: Iterable[Dim]) -> Dim:

@@ -111,8 +111,33 @@ def _reshape_v1(node: OnnxNode) -> Expr:
 
 @onnx_converter("Reshape", since=5)
 def _reshape_v5(node: OnnxNode) -> Expr:
-    shape = _required_ints(node, 1, "shape")
-    return _reshape(node, shape, allowzero=node.bool_attr("allowzero", False))
+    allowzero = node.bool_attr("allowzero", False)
+    symbolic = node.symbolic_value(1)
+    if symbolic is not None:
+        return _reshape_symbolic(node, list(symbolic.reshape(-1)), allowzero)
+    return _reshape(node, _required_ints(node, 1, "shape"), allowzero=allowzero)
+
+
+def _reshape_symbolic(node: OnnxNode, dims: list[Any], allowzero: bool) -> Expr:
+    """A reshape to a shape computed from symbolic dims (`x.view(x.size(0), x.size(1), 12, 64)`): each dim
+    the input has at the same place is kept (0), one other symbolic dim is inferred (-1)."""
+    have = node.shape(0)
+    shape: list[int] = []
+    for i, d in enumerate(dims):
+        if isinstance(d, (int, np.integer)):
+            shape.append(int(d))
+        elif not allowzero and i < len(have) and have[i] == d:
+            shape.append(0)
+        else:
+            shape.append(-1)
+    if shape.count(-1) > 1:
+        raise node.error(f"a shape of symbolic dims {[str(d) for d in dims]} that kiln cannot write as a "
+                         "reshape (one dim to infer at most); give the input static dims (shape=)")
+    out = _reshape(node, shape, allowzero=allowzero)
+    got = node.shape(out)
+    if any(not isinstance(d, (int, np.integer)) and g != d for d, g in zip(dims, got, strict=True)):
+        raise node.error(f"reshape to {[str(d) for d in dims]} gives {[str(g) for g in got]}")
+    return out
 
 
 @onnx_converter("Transpose", since=1)
@@ -499,10 +524,11 @@ def _shape(node: OnnxNode, start: int, end: int | None) -> Expr:
     static = _static(dims)
     if static is not None:
         return relay.const(np.array([static[i] for i in picked], dtype=np.int64))
-    shape = relay.shape_of(x, dtype="int64")
-    if len(picked) == len(dims):
-        return shape
-    return relay.strided_slice(shape, [picked.start], [picked.stop], axes=[0])
+    shape: Expr = relay.shape_of(x, dtype="int64")
+    if len(picked) != len(dims):
+        shape = relay.strided_slice(shape, [picked.start], [picked.stop], axes=[0])
+    node.set_symbolic(shape, np.array([dims[i] for i in picked], dtype=object))
+    return shape
 
 
 @onnx_converter("Shape", since=1)

@@ -54,6 +54,7 @@ from kiln.ir.span import Span, span_scope
 from kiln.ir.types import Dim, SizeVar, TensorType, TupleType
 from kiln.registry import Op
 from kiln.relay.expr import Call, Constant, Expr, Function, Tuple, TupleGetItem, Var
+from kiln.relay.frontend import _onnx_symbolic
 from kiln.relay.frontend._onnx_table import (
     ConverterEntry,
     OnnxImportError,
@@ -289,6 +290,16 @@ class OnnxNode:
             raise self.error(f"input #{i} ({what}) must hold one element, found shape {value.shape}")
         return value.reshape(-1)[0]
 
+    def symbolic_value(self, i: int) -> np.ndarray | None:
+        """The value of input `i` when it is computed from symbolic shapes (an object array of ints and
+        `SymDim`s, `_onnx_symbolic`), else None."""
+        e = self.optional_input(i)
+        return None if e is None else self._importer.symbolic.get(id(e))
+
+    def set_symbolic(self, e: Expr, value: np.ndarray) -> None:
+        """Records that `e`, which computes a shape at run time, has this value of symbolic dims."""
+        self._importer.symbolic[id(e)] = np.asarray(value, dtype=object)
+
     def const_value(self, e: Expr | None) -> np.ndarray | None:
         """The value of `e` when it is a constant or a parameter's initializer, else None."""
         if e is None:
@@ -354,6 +365,7 @@ class _Importer:
         self.model = model
         self.fixed = dict(values)
         self.folded: dict[int, Expr] = {}  # the nodes of converted results (see _EagerFolder)
+        self.symbolic: dict[int, np.ndarray] = {}  # id(expr) -> its value, of symbolic dims (_onnx_symbolic)
         self.graph = model.graph
         self.shape_override = dict(shape)
         self.dtype_override = dtype
@@ -627,6 +639,9 @@ class _Importer:
                     raise node.error(f"output {name!r} is not supported by kiln's converter")
                 expr = _EagerFolder(self.folded).visit(expr)
                 self.values[name] = self.typed(expr, node)
+            if len(outputs) == 1 and node.outputs and node.outputs[0]:
+                (value,) = _onnx_symbolic.propagate(node, self.symbolic, [self.values[node.outputs[0]]])
+                self.values[node.outputs[0]] = self.typed(value, node)
 
     def outputs(self, node: OnnxNode, result: Any) -> list[Expr | None]:
         if isinstance(result, Expr):

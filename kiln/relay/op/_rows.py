@@ -56,9 +56,10 @@ def streams(shape: Sequence[int | SymDim], dtype: str) -> bool:
     0.95 ms instead of 1.06), about even at 4 MiB, and only costs instructions below, where the rows stay
     cached. A symbolic shape is taken as cached: the prefetch only pays at sizes beyond a typical batch of
     attention rows (1 x 12 x 128 x 128 floats are 1.5 MiB in and out)."""
-    if not all(isinstance(d, int) for d in shape):
+    dims = [d for d in shape if isinstance(d, int)]
+    if len(dims) != len(shape):
         return False
-    return 2 * math.prod(shape) * DataType.of(dtype).bytes >= _STREAM_BYTES  # type: ignore[arg-type]
+    return 2 * math.prod(dims) * DataType.of(dtype).bytes >= _STREAM_BYTES
 
 
 def row_count(dims: Sequence[int | SymDim]) -> int | SymDim:
