@@ -753,3 +753,12 @@ def test_concatenate_kernel_copies_without_gathers(monkeypatch: pytest.MonkeyPat
     assert asm and "vgather" not in asm
     got = lib.create_executor()(x0=xs[0], x1=xs[1])
     np.testing.assert_array_equal(got, np.maximum(np.concatenate(xs, axis=1), 0))
+
+
+def test_concatenate_along_the_last_axis_copies_each_piece_in_its_own_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_CACHE", "0")  # compile the kernel: the loop IR of a cached one is not kept
+    lib, xs = build_concatenate_relu([(4, 6, 40), (4, 6, 24)], -1)
+    (kernel,) = lib.kernels
+    tir = kernel.get_source("tir")
+    assert "select" not in tir and tir.count("for ") == 3  # rows, then one plain copy loop per piece
+    np.testing.assert_array_equal(lib.create_executor()(x0=xs[0], x1=xs[1]), np.maximum(np.concatenate(xs, -1), 0))
