@@ -1,9 +1,11 @@
 """Types of the IR: tensors with static, symbolic or unknown dims; tuples; functions.
 
 A dim is an `int`, a `SymDim` (an integer times a product of size variables,
-such as `n` or `3*n`; `SizeVar("n")` makes one), or `ANY` (unknown until run
-time). Products and exact quotients of dims stay symbolic, so `reshape` of
-`(n, 12)` to `(-1, 4)` has the type `(3*n, 4)`.
+such as `n` or `3*n`; `SizeVar("n")` makes one), a `SumDim` (a sum of those and
+an int: `n + 3`, `p + s`), or `ANY` (unknown until run time). Sums, products and
+exact quotients of dims stay symbolic, so `reshape` of `(n, 12)` to `(-1, 4)`
+has the type `(3*n, 4)` and a concatenation of `(p, 8)` and `(s, 8)` is
+`(p + s, 8)`; an inexact quotient (`(n + 1) // 2`) is `ANY`.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ class SymDim:
     def __repr__(self) -> str:
         return f"SymDim({self})"
 
-    # Arithmetic where the result is a dim again (`2*n`, `n*s`, `2*n // 2`), for values computed from shapes
-    # (ONNX's Shape -> Gather -> Mul chains); anything else raises ValueError.
+    # Arithmetic where the result is a dim again (`2*n`, `n*s`, `2*n // 2`, `n + 1`), for values computed
+    # from shapes (ONNX's Shape -> Gather -> Mul chains); an inexact quotient raises ValueError.
     def __mul__(self, other: object) -> Dim:
         if not isinstance(other, (int, SymDim)) or isinstance(other, bool):
             return NotImplemented
@@ -82,7 +84,46 @@ class AnyDim:
 
 
 ANY = AnyDim()
-Dim = int | SymDim | AnyDim
+
+
+@attrs.frozen(repr=False)
+class SumDim:
+    """`m1 + m2 + ... + c`: a sum of monomials of distinct factors and an int, such as `n + 1` (a padded
+    axis), `p + s` (a concatenation) or `s - 1`; canonical, so equal sums compare equal."""
+
+    terms: tuple[SymDim, ...]  # at least one; sorted by factors, no zero coefficient
+    const: int = 0
+
+    def __str__(self) -> str:
+        out = str(self.terms[0])
+        for t in self.terms[1:]:
+            out += f" - {SymDim(-t.coeff, t.factors)}" if t.coeff < 0 else f" + {t}"
+        return out + (f" + {self.const}" if self.const > 0 else f" - {-self.const}" if self.const else "")
+
+    def __repr__(self) -> str:
+        return f"SumDim({self})"
+
+    def __add__(self, other: object) -> Dim:
+        if not isinstance(other, (int, SymDim, SumDim)) or isinstance(other, bool):
+            return NotImplemented
+        return dim_add(self, other)
+
+    __radd__ = __add__
+
+    def __sub__(self, other: object) -> Dim:
+        if not isinstance(other, (int, SymDim, SumDim)) or isinstance(other, bool):
+            return NotImplemented
+        return dim_add(self, dim_mul(other, -1))
+
+    def __mul__(self, other: object) -> Dim:
+        if not isinstance(other, (int, SymDim, SumDim)) or isinstance(other, bool):
+            return NotImplemented
+        return dim_mul(self, other)
+
+    __rmul__ = __mul__
+
+
+Dim = int | SymDim | SumDim | AnyDim
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -106,10 +147,42 @@ def _split_dim(d: Dim) -> tuple[int, dict[str, int]]:
     return d.coeff, dict(d.factors)
 
 
+Poly = dict[tuple[tuple[str, int], ...], int]  # factors -> coefficient; () holds the constant
+
+
+def _poly(d: Dim) -> Poly:
+    if isinstance(d, int):
+        return {(): d}
+    if isinstance(d, SymDim):
+        return {d.factors: d.coeff}
+    assert isinstance(d, SumDim)
+    out: Poly = {t.factors: t.coeff for t in d.terms}
+    out[()] = d.const
+    return out
+
+
+def _from_poly(poly: Poly) -> Dim:
+    terms = tuple(SymDim(c, f) for f, c in sorted(poly.items()) if f and c)
+    const = poly.get((), 0)
+    if not terms:
+        return const
+    return terms[0] if len(terms) == 1 and not const else SumDim(terms, const)
+
+
 def dim_mul(a: Dim, b: Dim) -> Dim:
     """a * b, symbolic where it can be."""
     if isinstance(a, AnyDim) or isinstance(b, AnyDim):
         return 0 if a == 0 or b == 0 else ANY
+    if isinstance(a, SumDim) or isinstance(b, SumDim):
+        out: Poly = {}
+        for fa, ca in _poly(a).items():
+            for fb, cb in _poly(b).items():
+                powers = dict(fa)
+                for name, p in fb:
+                    powers[name] = powers.get(name, 0) + p
+                key = tuple(sorted(powers.items()))
+                out[key] = out.get(key, 0) + ca * cb
+        return _from_poly(out)
     ca, pa = _split_dim(a)
     cb, pb = _split_dim(b)
     for name, p in pb.items():
@@ -121,6 +194,18 @@ def dim_div(a: Dim, b: Dim) -> Dim | None:
     """a / b when it is exact (an int or a monomial), ANY when unknown, None when it cannot be."""
     if isinstance(a, AnyDim) or isinstance(b, AnyDim):
         return ANY
+    if isinstance(b, SumDim):
+        return 1 if a == b else ANY
+    if isinstance(a, SumDim):  # each term divided exactly, or unknown
+        pieces: list[Dim] = [*a.terms, a.const]
+        parts = [dim_div(t, b) for t in pieces]
+        if any(p is None or isinstance(p, AnyDim) for p in parts):
+            return ANY
+        out: Dim = 0
+        for p in parts:
+            assert p is not None
+            out = dim_add(out, p)
+        return out
     ca, pa = _split_dim(a)
     cb, pb = _split_dim(b)
     if cb == 0:
@@ -135,16 +220,15 @@ def dim_div(a: Dim, b: Dim) -> Dim | None:
 
 
 def dim_add(a: Dim, b: Dim) -> Dim:
-    """a + b: exact for ints and like monomials (n + 2*n = 3*n), else ANY."""
+    """a + b: ints add, like monomials combine (n + 2*n = 3*n), others make a sum (`n + 1`, `p + s`)."""
     if isinstance(a, int) and isinstance(b, int):
         return a + b
-    if isinstance(a, SymDim) and isinstance(b, SymDim) and a.factors == b.factors:
-        return _make(a.coeff + b.coeff, dict(a.factors))
-    if a == 0:
-        return b
-    if b == 0:
-        return a
-    return ANY
+    if isinstance(a, AnyDim) or isinstance(b, AnyDim):
+        return ANY
+    out = _poly(a)
+    for f, c in _poly(b).items():
+        out[f] = out.get(f, 0) + c
+    return _from_poly(out)
 
 
 def _exact(d: Dim | None, a: Dim, op: str, b: Dim) -> Dim:
@@ -162,14 +246,20 @@ def dim_prod(dims: Iterable[Dim]) -> Dim:
 
 
 def dim_names(d: Dim) -> tuple[str, ...]:
-    """The size variables in `d` (none for an int or ANY)."""
-    return tuple(name for name, _ in d.factors) if isinstance(d, SymDim) else ()
+    """The size variables in `d` (none for an int or ANY), sorted."""
+    if isinstance(d, SymDim):
+        return tuple(name for name, _ in d.factors)
+    if isinstance(d, SumDim):
+        return tuple(sorted({name for t in d.terms for name, _ in t.factors}))
+    return ()
 
 
 def dim_value(d: Dim, env: Mapping[str, int]) -> int:
     """The value of `d` once its size variables have the values of `env` (KeyError for one it lacks)."""
     if isinstance(d, int):
         return d
+    if isinstance(d, SumDim):
+        return d.const + sum(dim_value(t, env) for t in d.terms)
     if not isinstance(d, SymDim):
         raise ValueError(f"dim {d} has no value")
     out = d.coeff
@@ -180,6 +270,11 @@ def dim_value(d: Dim, env: Mapping[str, int]) -> int:
 
 def dim_subst(d: Dim, env: Mapping[str, int]) -> Dim:
     """`d` with the size variables of `env` at their values (the others stay symbolic)."""
+    if isinstance(d, SumDim):
+        out_sum: Dim = d.const
+        for t in d.terms:
+            out_sum = dim_add(out_sum, dim_subst(t, env))
+        return out_sum
     if not isinstance(d, SymDim):
         return d
     out: Dim = d.coeff
@@ -190,20 +285,25 @@ def dim_subst(d: Dim, env: Mapping[str, int]) -> Dim:
 
 
 def parse_dim(text: str) -> Dim:
-    """Reads a dim as `str(dim)` writes it: `3`, `n`, `2*n*m`, `?`."""
+    """Reads a dim as `str(dim)` writes it: `3`, `n`, `2*n*m`, `p + s - 1`, `?`."""
     text = text.strip()
     if text == "?":
         return ANY
-    out: Dim = 1
-    for part in text.split("*"):
-        part = part.strip()
-        if part.isdigit():
-            out = dim_mul(out, int(part))
-        elif _NAME.fullmatch(part):
-            out = dim_mul(out, SizeVar(part))
-        else:
-            raise ValueError(f"not a dim: {text!r}")
-    return out
+    terms = re.split(r"\s*([+-])\s*", text)
+    terms = terms[1:] if not terms[0] and len(terms) > 1 else ["+", *terms]  # a leading sign, or none
+    total: Dim = 0
+    for sign, term in zip(terms[::2], terms[1::2], strict=True):
+        out: Dim = 1
+        for part in term.split("*"):
+            part = part.strip()
+            if part.isdigit():
+                out = dim_mul(out, int(part))
+            elif _NAME.fullmatch(part):
+                out = dim_mul(out, SizeVar(part))
+            else:
+                raise ValueError(f"not a dim: {text!r}")
+        total = dim_add(total, out if sign == "+" else dim_mul(out, -1))
+    return total
 
 
 def as_dim(value: object) -> Dim:
@@ -214,7 +314,7 @@ def as_dim(value: object) -> Dim:
         if value < 0:
             raise ValueError(f"a dim is an int >= 0, a SizeVar or ANY, got {value}")
         return value
-    if isinstance(value, (SymDim, AnyDim)):
+    if isinstance(value, (SymDim, SumDim, AnyDim)):
         return value
     if value is None:
         return ANY

@@ -30,7 +30,19 @@ from kiln.ir.attrs import AttrsError
 from kiln.ir.dtype import DTYPES, DataType
 from kiln.ir.module import IRModule
 from kiln.ir.span import Span
-from kiln.ir.types import ANY, Dim, FuncType, IncompleteType, SizeVar, TensorType, TupleType, Type, TypeVar, dim_mul
+from kiln.ir.types import (
+    ANY,
+    Dim,
+    FuncType,
+    IncompleteType,
+    SizeVar,
+    TensorType,
+    TupleType,
+    Type,
+    TypeVar,
+    dim_add,
+    dim_mul,
+)
 from kiln.registry import Op
 from kiln.relay._text_common import (
     IDENT,
@@ -93,7 +105,7 @@ _TOKEN = re.compile(
             r"(?P<ident>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)",
             r'(?P<string>"(?:[^"\\\n]|\\.)*")',
             r"(?P<qmark>\?)",
-            r"(?P<punct>->|[()\[\]{},:;=.*<>])",
+            r"(?P<punct>->|[()\[\]{},:;=.*<>+-])",
         ]
     ),
     re.DOTALL,
@@ -656,19 +668,33 @@ class _Parser:
         if self.peek().kind == "qmark":
             self.advance()
             return ANY
-        value: Dim = 1
+        total: Dim = 0
+        sign = 1
+        start = self.peek()
         while True:
-            tok = self.advance()
-            if tok.kind == "number" and tok.text.isdigit():
-                value = dim_mul(value, int(tok.text))
-            elif tok.kind == "ident" and IDENT.fullmatch(tok.text):
-                value = dim_mul(value, SizeVar(tok.text))
-            else:
+            value: Dim = sign
+            while True:
+                tok = self.advance()
+                if tok.kind == "number" and tok.text.lstrip("-").isdigit():
+                    value = dim_mul(value, int(tok.text))
+                elif tok.kind == "ident" and IDENT.fullmatch(tok.text):
+                    value = dim_mul(value, SizeVar(tok.text))
+                else:
+                    raise self.error(
+                        f"expected a dim (an int >= 0, a size variable such as n, or ?), found {tok.describe()}", tok
+                    )
+                if not self.accept("*"):
+                    break
+            total = dim_add(total, value)
+            if self.accept("+"):
+                sign = 1
+            elif self.accept("-"):
+                sign = -1
+            elif isinstance(total, int) and total < 0:
                 raise self.error(
-                    f"expected a dim (an int >= 0, a size variable such as n, or ?), found {tok.describe()}", tok
-                )
-            if not self.accept("*"):
-                return value
+                    f"expected a dim (an int >= 0, a size variable such as n, or ?), found {start.describe()}", start)
+            else:
+                return total
 
     # --- metadata -------------------------------------------------------------------------------
 

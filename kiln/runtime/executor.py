@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir.types import SymDim, dim_value
+from kiln.ir.types import Dim, SymDim, dim_names, dim_value
 from kiln.runtime.library import ExecutorError, Graph, Library, Slot
 from kiln.runtime.module import KernelMemoryError, numpy_dtype
 from kiln.runtime.profile import Profile, make_profile
@@ -374,15 +374,15 @@ class GraphExecutor:
         bound = self._state.bound
         env: dict[str, int] = {}
         where: dict[str, str] = {}
-        later: list[tuple[SymDim, int, str]] = []
+        later: list[tuple[Dim, int, str]] = []
         for s in g.inputs:
             slot = g.slots[s]
             for axis, (d, got) in enumerate(zip(slot.shape, bound[s].shape, strict=True)):
-                if not isinstance(d, SymDim):
+                if isinstance(d, int):
                     continue
                 here = f"{slot.name}.shape[{axis}]"
-                if d.coeff != 1 or d.factors[0][1] != 1 or len(d.factors) != 1:
-                    later.append((d, got, here))
+                if not isinstance(d, SymDim) or d.coeff != 1 or d.factors[0][1] != 1 or len(d.factors) != 1:
+                    later.append((d, got, here))  # a product or sum of sizes: checked once they are known
                     continue
                 name = d.factors[0][0]
                 if name not in env:
@@ -391,9 +391,9 @@ class GraphExecutor:
                     raise ExecutorError(f"size {name} is {env[name]} from input {where[name]} but {got} from input "
                                         f"{here}: the inputs must agree")
         for d, got, here in later:
-            names = [n for n, _ in d.factors]
+            names = list(dim_names(d))
             free = [n for n in names if n not in env]
-            if len(free) == 1 and len(d.factors) == 1 and d.factors[0][1] == 1:
+            if isinstance(d, SymDim) and len(free) == 1 and len(d.factors) == 1 and d.factors[0][1] == 1:
                 if got % d.coeff:
                     raise ExecutorError(f"input {here} is {got}, but its dim {d} is a multiple of {d.coeff}")
                 env[free[0]], where[free[0]] = got // d.coeff, here

@@ -43,12 +43,13 @@ import attrs
 import numpy as np
 
 from kiln.errors import KilnError
-from kiln.ir.types import Dim, SymDim, dim_names, dim_subst, dim_value, parse_dim
+from kiln.ir.types import Dim, SumDim, SymDim, dim_names, dim_subst, dim_value, parse_dim
 from kiln.runtime import linker
 from kiln.runtime import trust as _trust
 from kiln.runtime.module import Module, dim_text, numpy_dtype
 from kiln.target import Target, TDeviceType
 from kiln.tir import expr as tx
+from kiln.tir.dims import dim_expr
 from kiln.tir.stmt import Evaluate, PrimFunc
 from kiln.tir.stmt import buffer as tir_buffer
 
@@ -518,7 +519,7 @@ def _dim(c: HeaderChecker, d: Any, field: str) -> Dim:
         dim = parse_dim(d[:200])
     except ValueError:
         raise c.fail(field, f"expected a size or a symbolic dim, got {d!r:.40}") from None
-    if not isinstance(dim, (int, SymDim)):
+    if not isinstance(dim, (int, SymDim, SumDim)):
         raise c.fail(field, f"expected a size or a symbolic dim, got {d!r:.40}")
     return dim
 
@@ -537,13 +538,7 @@ def signature(name: str, params: list[dict[str, Any]], size_dtypes: dict[str, st
     def dim(d: int | str) -> tx.ExprLike:
         if isinstance(d, int) or _IDENT.fullmatch(d):
             return d if isinstance(d, int) else size(d)
-        parsed = parse_dim(d)  # a product of sizes, checked by check_params
-        assert isinstance(parsed, SymDim)
-        out: tx.PrimExpr = tx.const(parsed.coeff, "int32")
-        for name, power in parsed.factors:
-            for _ in range(power):
-                out = out * size(name)
-        return out
+        return dim_expr(parse_dim(d), size)  # a sum or product of sizes, checked by check_params
 
     for p in params:
         bufs.append(tir_buffer(p["name"], [dim(d) for d in p["shape"]], p["dtype"]))

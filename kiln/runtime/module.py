@@ -25,12 +25,13 @@ import numpy as np
 
 from kiln.errors import KilnError
 from kiln.ir.dtype import DataType
-from kiln.ir.types import SizeVar, dim_mul
+from kiln.ir.types import dim_value
 from kiln.runtime.linker import Engine, kernel_symbol
 from kiln.target import Target
+from kiln.tir.dims import expr_dim
 from kiln.tir.expr import Buffer, IntImm, Mul, PrimExpr, Var
 from kiln.tir.flatten import flatten
-from kiln.tir.functor import post_order_visit
+from kiln.tir.functor import post_order_visit, used_vars
 from kiln.tir.stmt import Allocate, PrimFunc
 
 _INT32_MAX = 2**31 - 1
@@ -83,11 +84,11 @@ class Param:
         for d in buf.shape:
             if isinstance(d, IntImm):
                 self.dims.append(int(d.value))
-            elif isinstance(d, Var) or monomial(d) is not None:
+            elif isinstance(d, Var) or expr_dim(d) is not None:
                 self.dims.append(d)
             else:
                 raise ArgumentError(f"kernel {func.name!r}: parameter {buf.name} has dim {d}; dims must be "
-                                    "constants, size variables or their products")
+                                    "constants, size variables, or sums and products of them")
         self.shape_text = "(" + ", ".join(str(dim_text(d)) if not isinstance(d, int) else str(d)
                                           for d in self.dims) + ")"
 
@@ -139,37 +140,35 @@ def monomial(d: PrimExpr) -> tuple[int, list[Var]] | None:
 
 
 def dim_text(d: PrimExpr | int) -> int | str:
-    """How a signature writes a kernel parameter's dim: an int, a size's name, or a product of sizes as a
-    relay type writes it (`2*n*s`, `kiln.ir.types.SymDim`)."""
+    """How a signature writes a kernel parameter's dim: an int, a size's name, or a sum or product of sizes as
+    a relay type writes it (`2*n*s`, `p + s`: `kiln.ir.types`)."""
     if isinstance(d, int):
         return d
-    if isinstance(d, IntImm):
-        return int(d.value)
-    found = monomial(d)
-    if found is None:
-        raise ArgumentError(f"dim {d} is neither a constant, a size variable nor a product of them")
-    coeff, vs = found
-    dim: Any = coeff
-    for v in vs:
-        dim = dim_mul(dim, SizeVar(v.name))
+    dim = expr_dim(d)
+    if dim is None:
+        raise ArgumentError(f"dim {d} is neither a constant, a size variable nor a sum or product of them")
     return dim if isinstance(dim, int) else str(dim)
 
 
 def bind_products(products: list[tuple[Param, int, PrimExpr, int]], bound: dict[int, tuple[int, str]]) -> None:
-    """Checks the dims that are products of sizes against the sizes bound (solving `c * v` for a size v that
-    no plain dim gives); raises the ArgumentError of the first that does not fit."""
-    for p, axis, want, got in sorted(products, key=lambda x: len(monomial(x[2])[1])):  # type: ignore[index]
-        coeff, vs = monomial(want)  # type: ignore[misc]
+    """Checks the dims that are sums or products of sizes against the sizes bound (solving `c * v` for a size
+    v that no plain dim gives); raises the ArgumentError of the first that does not fit."""
+    for p, axis, want, got in sorted(products, key=lambda x: len(used_vars(x[2]))):
         where = f"{p.name}.shape[{axis}]"
+        vs = sorted(used_vars(want), key=lambda v: v.name)
         free = [v for v in vs if id(v) not in bound]
-        if len(free) == 1 and vs.count(free[0]) == 1:
-            rest = coeff * math.prod(bound[id(v)][0] for v in vs if v is not free[0])
+        found = monomial(want)
+        if found is not None and len(free) == 1 and found[1].count(free[0]) == 1:
+            coeff, factors = found
+            rest = coeff * math.prod(bound[id(v)][0] for v in factors if v is not free[0])
             if rest and got % rest == 0:
                 bound[id(free[0])] = (got // rest, where)
         elif free:
             raise p.error(f"dim {axis} is {dim_text(want)} = {got}, which does not give the sizes "
                           f"{', '.join(v.name for v in free)}: pass them (sizes=)")
-        value = coeff * math.prod(bound[id(v)][0] for v in vs) if all(id(v) in bound for v in vs) else None
+        env = {v.name: bound[id(v)][0] for v in vs if id(v) in bound}
+        dim = expr_dim(want)
+        value = dim_value(dim, env) if dim is not None and len(env) == len(vs) else None
         if value != got:
             raise p.error(f"dim {axis} ({dim_text(want)}) should be {value} with "
                           + ", ".join(f"{v.name} = {bound[id(v)][0]} (from {bound[id(v)][1]})" for v in vs

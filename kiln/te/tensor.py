@@ -19,8 +19,9 @@ from typing import Any
 import attrs
 
 from kiln.errors import KilnError
-from kiln.ir.types import SymDim
+from kiln.ir.types import SumDim, SymDim
 from kiln.tir import expr as tx
+from kiln.tir.dims import dim_expr
 from kiln.tir.expr import Buffer, BufferLoad, ExprLike, PrimExpr, Var, as_expr
 
 
@@ -75,13 +76,13 @@ def iter_var(name: str, dom: Range | None, kind: IterKind, thread_tag: str = "")
 
 
 IndexLike = ExprLike
-DimLike = ExprLike | SymDim  # a dim of a shape: a symbolic dim of a relay type too, in a `size_vars` scope
+DimLike = ExprLike | SymDim | SumDim  # a dim of a shape: a symbolic dim of a relay type too, in a `size_vars` scope
 
 
 def as_index(value: DimLike) -> PrimExpr:
     """`value` as an expression (Python ints become int32 immediates; a symbolic dim of a type, `2*n`, the
     product of its size variables in the current `size_vars` scope)."""
-    if isinstance(value, SymDim):
+    if isinstance(value, (SymDim, SumDim)):
         return symbolic_dim(value)
     return as_expr(value)
 
@@ -102,16 +103,12 @@ def size_vars() -> Iterator[dict[str, Var]]:
         _SIZE_VARS.reset(token)
 
 
-def symbolic_dim(d: SymDim) -> PrimExpr:
+def symbolic_dim(d: SymDim | SumDim) -> PrimExpr:
     """`d` as an expression of the current scope's size variables."""
     scope = _SIZE_VARS.get()
     if scope is None:
         raise TEError(f"symbolic dim {d} outside te.size_vars(): lowering opens that scope")
-    factors = [scope.setdefault(name, Var(name, "int32")) for name, power in d.factors for _ in range(power)]
-    out: PrimExpr = factors[0] if d.coeff == 1 else tx.const(d.coeff, "int32") * factors[0]
-    for v in factors[1:]:
-        out = out * v
-    return out
+    return dim_expr(d, lambda name: scope.setdefault(name, Var(name, "int32")))
 
 
 @attrs.frozen(eq=False, repr=False)

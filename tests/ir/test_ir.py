@@ -29,6 +29,7 @@ from kiln.ir.types import (
     FuncType,
     IncompleteType,
     SizeVar,
+    SumDim,
     SymDim,
     TensorType,
     TupleType,
@@ -36,6 +37,7 @@ from kiln.ir.types import (
     dim_div,
     dim_mul,
     dim_prod,
+    dim_value,
     is_complete,
     parse_dim,
 )
@@ -73,15 +75,20 @@ def test_symbolic_dims_multiply_divide_and_add() -> None:
     assert dim_div(12, 5) is None  # cannot be exact
     assert dim_div(n, m) is ANY  # not a monomial
     assert dim_add(n, dim_mul(n, 2)) == dim_mul(n, 3)
-    assert dim_add(n, m) is ANY
+    assert dim_add(n, m) == SumDim((m, n)) and str(dim_add(n, m)) == "m + n"  # a concatenation of m and n
+    assert str(dim_add(dim_add(n, 3), dim_mul(m, -2))) == "-2*m + n + 3" and dim_add(dim_add(n, 1), -1) == n
+    assert dim_div(dim_mul(dim_add(n, 1), 4), 2) == dim_add(dim_mul(n, 2), 2)
+    assert dim_div(dim_add(n, 1), 2) is ANY  # (n + 1) // 2: not yet
     assert dim_prod([2, n, 3, m]) == SymDim(6, (("m", 1), ("n", 1)))
     assert dim_mul(ANY, 0) == 0
+    assert dim_value(parse_dim("2*n*m + n - 3"), {"n": 2, "m": 5}) == 19
 
 
-@given(st.integers(1, 50), st.lists(st.sampled_from(["n", "m", "batch"]), max_size=3))
-def test_dims_print_and_parse_back(coeff: int, names: list[str]) -> None:
+@given(st.integers(1, 50), st.lists(st.sampled_from(["n", "m", "batch"]), max_size=3), st.integers(-9, 9))
+def test_dims_print_and_parse_back(coeff: int, names: list[str], const: int) -> None:
     d = dim_prod([coeff, *[SizeVar(x) for x in names]])
     assert parse_dim(str(d)) == d
+    assert parse_dim(str(dim_add(d, const))) == dim_add(d, const)
 
 
 def test_tensor_types_print_and_compare() -> None:

@@ -150,3 +150,28 @@ def test_a_variant_that_fixes_some_sizes_is_specialized_to_the_others_at_run_tim
         xv = rand(n, s, 4)
         e = np.exp(xv - xv.max(-1, keepdims=True))
         np.testing.assert_allclose(ex(x=xv), e / e.sum(-1, keepdims=True), rtol=1e-5)
+
+
+def test_sums_of_sizes_a_kv_cache_concatenation_and_a_reflect_pad(tmp_path: Path) -> None:
+    past, new, q = (relay.var(name, shape=("n", 2, s, 8)) for name, s in (("past", "p"), ("new", "s"), ("q", "s")))
+    kv = relay.concatenate([past, new], axis=2)  # (n, 2, p + s, 8)
+    attend = relay.nn.matmul(relay.nn.softmax(relay.nn.matmul(q, kv, transpose_b=True), axis=-1), kv)
+    func = relay.infer_type(relay.Function([past, new, q], relay.Tuple([attend, kv])))
+    assert str(func.checked_type.ret_type.fields[1]) == "Tensor[(n, 2, p + s, 8), float32]"
+    relay.build(func).export(tmp_path / "kv.kiln")
+    ex = runtime.load(tmp_path / "kv.kiln").create_executor()
+    for n, p, s in [(1, 0, 1), (2, 5, 1), (1, 7, 3)]:
+        pv, nv, qv = rand(n, 2, p, 8), rand(n, 2, s, 8), rand(n, 2, s, 8)
+        k = np.concatenate([pv, nv], 2)
+        scores = qv @ k.transpose(0, 1, 3, 2)
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        got, got_kv = ex(past=pv, new=nv, q=qv)
+        np.testing.assert_array_equal(got_kv, k)
+        np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True) @ k, rtol=1e-5, atol=1e-6)
+    x = relay.var("x", shape=("n", 4))
+    padded = relay.build(relay.Function([x], relay.nn.pad(x, ((1, 2), (0, 0)), pad_mode="reflect"))).create_executor()
+    xv = rand(5, 4)
+    np.testing.assert_array_equal(padded(x=xv), np.pad(xv, ((1, 2), (0, 0)), mode="reflect"))
+    y = relay.var("y", shape=("n + 1", 4))
+    with pytest.raises(ExecutorError, match=r"y\.shape\[0\] has the dim n \+ 1 = 5, which does not tell n"):
+        relay.build(relay.Function([y], relay.exp(y))).create_executor()(y=xv)

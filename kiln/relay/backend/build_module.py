@@ -26,7 +26,7 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
 from kiln.ir.transform import Pass, PassContext, Sequential
-from kiln.ir.types import SymDim, TensorType, Type, dim_names, dim_subst
+from kiln.ir.types import SumDim, SymDim, TensorType, Type, dim_names, dim_subst
 from kiln.registry import Op, foreign_registration
 from kiln.relay import expr as rx
 from kiln.relay import transform as t
@@ -139,11 +139,11 @@ class _GraphBuilder:
 
     def _slot(self, ty: TensorType, kind: str, name: str = "") -> int:
         for d in ty.shape:
-            if not isinstance(d, (int, SymDim)):
+            if not isinstance(d, (int, SymDim, SumDim)):
                 hint = (f": give its dims (relay.frontend.from_onnx(..., shape={{{name!r}: ...}}), or "
                         f"--shape {name}=D0,D1,... on the command line)") if kind == "input" else ""
                 raise BuildError(f"relay.build needs static or symbolic dims; {name or 'a value'} has type {ty}{hint}")
-        if any(isinstance(d, SymDim) for d in ty.shape) and self.target.kind.get_attr(TDeviceType) != "cpu":
+        if any(isinstance(d, (SymDim, SumDim)) for d in ty.shape) and self.target.kind.get_attr(TDeviceType) != "cpu":
             raise BuildError(f"symbolic dims compile for the CPU only so far; {name or 'a value'} has type {ty}")
         static = [d for d in ty.shape if isinstance(d, int)]
         if len(static) == len(ty.shape) and math.prod(static) > MAX_ELEMENTS:  # int32 loop variables: refuse

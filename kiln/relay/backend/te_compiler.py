@@ -25,7 +25,7 @@ import numpy as np
 from kiln import te
 from kiln.errors import KilnError
 from kiln.ir.transform import PassContext, register_config
-from kiln.ir.types import Dim, SymDim, TensorType, TupleType, Type
+from kiln.ir.types import Dim, SumDim, SymDim, TensorType, TupleType, Type
 from kiln.registry import Implementation, Op, OpPattern, attr
 from kiln.relay import expr as rx
 from kiln.relay.analysis import structural_hash
@@ -115,7 +115,7 @@ def _same_dim(got: Any, want: Dim) -> bool:
     """Whether te's dim `got` is the type's dim `want` (a symbolic one: equal once both are simplified)."""
     if isinstance(want, int):
         return isinstance(got, IntImm) and got.value == want
-    return isinstance(want, SymDim) and same_expr(simplify(got), simplify(te.as_index(want)))
+    return isinstance(want, (SymDim, SumDim)) and same_expr(simplify(got), simplify(te.as_index(want)))
 
 
 def _is_immediate(node: rx.Constant) -> bool:
@@ -155,7 +155,7 @@ class _Lowerer:
     def _shape(self, ty: TensorType, where: str) -> list[Any]:
         """The dims of `ty` for te: ints, and symbolic dims (`n`, `2*n`) that te makes size variables of."""
         for d in ty.shape:
-            if not isinstance(d, (int, SymDim)):
+            if not isinstance(d, (int, SymDim, SumDim)):
                 raise LoweringError(f"{where}: dim {d} is neither static nor symbolic")
         return list(ty.shape)
 

@@ -4,11 +4,11 @@
 Exporters compute shapes at run time: `x.view(x.size(0), x.size(1), 12, 64)` is Shape -> Gather -> Unsqueeze
 -> Concat -> Reshape. With static shapes such a chain folds to a constant; with symbolic ones the importer keeps
 its value as an object array of dims (ints and `SymDim`s) beside the Relay expression that computes it at run
-time. The ops below evaluate on such values, as numpy does on object arrays (a SymDim multiplies and divides
-exactly, `kiln.ir.types`); a value that comes out all ints becomes a constant again, and a converter reads a
-symbolic one with `OnnxNode.symbolic_value` (Reshape turns its dims into the 0 / -1 of a relay reshape). A
-value these ops cannot compute (a sum such as n + 1) is not recorded: a converter that needs it then says
-which graph inputs decide it, as before.
+time. The ops below evaluate on such values, as numpy does on object arrays (dims add, subtract, multiply and
+divide exactly, `kiln.ir.types`); a value that comes out all ints becomes a constant again, and a converter
+reads a symbolic one with `OnnxNode.symbolic_value` (Reshape turns its dims into the 0 / -1 of a relay
+reshape). A value these ops cannot compute (a quotient such as s // 2) is not recorded: a converter that
+needs it then says which graph inputs decide it, as before.
 """
 
 from __future__ import annotations

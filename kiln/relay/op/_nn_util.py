@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kiln import te
-from kiln.ir.types import Dim, SymDim, TensorType, TupleType, Type
+from kiln.ir.types import Dim, SumDim, SymDim, TensorType, TupleType, Type
 from kiln.relay.expr import Constant
 from kiln.relay.op._rel import RelationError, normalize_axis
 from kiln.tir import expr as tx
@@ -90,11 +90,11 @@ def same_dims(a: te.Tensor, b: te.Tensor) -> bool:
         for x, y in zip(a.shape, b.shape, strict=True))
 
 
-def shape_dims(ty: Type) -> tuple[int | SymDim, ...]:
+def shape_dims(ty: Type) -> tuple[int | SymDim | SumDim, ...]:
     """The dims of a tensor type for te (`te.compute(shape_dims(out_type), ...)`): ints, and symbolic dims
     (`n`, `2*n`), which te makes the kernel's size variables. ANY raises te.TEError."""
     assert isinstance(ty, TensorType)
-    if not all(isinstance(d, (int, SymDim)) for d in ty.shape):
+    if not all(isinstance(d, (int, SymDim, SumDim)) for d in ty.shape):
         raise te.TEError(f"needs static or symbolic dims; found {ty}")
     return tuple(ty.shape)  # type: ignore[arg-type]
 

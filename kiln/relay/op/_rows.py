@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from kiln import te
 from kiln.ir import graph
 from kiln.ir.dtype import DataType
-from kiln.ir.types import SymDim, dim_mul
+from kiln.ir.types import SumDim, SymDim, dim_mul
 from kiln.relay.op._nn_util import accumulator
 from kiln.relay.op._schedule import (
     KEEP,
@@ -49,7 +49,7 @@ AHEAD = "kiln.rows.ahead"  # ComputeOp attr of a `_wide` or `ALONG` stage: prefe
 _STREAM_BYTES = 8 * 1024 * 1024  # input and output together from this size on come from L3 or memory
 
 
-def streams(shape: Sequence[int | SymDim], dtype: str) -> bool:
+def streams(shape: Sequence[int | SymDim | SumDim], dtype: str) -> bool:
     """Whether a rows kernel's input and output of `shape` and `dtype` come from L3 or memory on every run:
     several times the bytes the cores' L2 caches hold (1 MiB each on this host's Zen 5). Prefetching the
     next row measured faster from 8 MiB on (softmax of 1024x1024 f32: 160 us instead of 170, of 2048x2048
@@ -62,15 +62,15 @@ def streams(shape: Sequence[int | SymDim], dtype: str) -> bool:
     return 2 * math.prod(dims) * DataType.of(dtype).bytes >= _STREAM_BYTES
 
 
-def row_count(dims: Sequence[int | SymDim]) -> int | SymDim:
+def row_count(dims: Sequence[int | SymDim | SumDim]) -> int | SymDim | SumDim:
     """The number of rows of a tensor whose leading dims are `dims`: an int, or a symbolic dim (`12*n*s`)."""
-    count: int | SymDim = 1
+    count: int | SymDim | SumDim = 1
     for d in dims:
         count = dim_mul(count, d)  # type: ignore[assignment]  # ints and monomials stay ints and monomials
     return count
 
 
-def _index_dim(d: int | SymDim) -> int | PrimExpr:
+def _index_dim(d: int | SymDim | SumDim) -> int | PrimExpr:
     """A dim for index arithmetic: an int as it is, a symbolic dim as the kernel's size variables."""
     return d if isinstance(d, int) else te.as_index(d)
 
@@ -80,9 +80,10 @@ def add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return a + b
 
 
-def row_reduce(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], identity: float, rows: tuple[int | SymDim, ...],
-               n: int, lanes: int, value: Callable[[tuple[PrimExpr, ...], PrimExpr], PrimExpr],
-               name: str, ahead: bool = False) -> te.Tensor:
+def row_reduce(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], identity: float,
+               rows: tuple[int | SymDim | SumDim, ...], n: int, lanes: int,
+               value: Callable[[tuple[PrimExpr, ...], PrimExpr], PrimExpr], name: str, ahead: bool = False,
+               ) -> te.Tensor:
     """`combine` of `value(row, k)` over k < n, per row, in stages that vectorize.
 
     `_wide`: `_ACCUMULATORS` vectors of `lanes` partial results over the row's whole groups of that many
@@ -140,7 +141,7 @@ def row_reduce(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], identity: floa
     return te.compute(rows, horizontal, name=name)
 
 
-def flat(index: Sequence[PrimExpr], dims: Sequence[int | SymDim]) -> PrimExpr:
+def flat(index: Sequence[PrimExpr], dims: Sequence[int | SymDim | SumDim]) -> PrimExpr:
     """The row-major number of `index` in a tensor of `dims` (0 for no dims; symbolic dims allowed)."""
     number: PrimExpr = te.const(0, "int32")
     for i, d in zip(index, dims, strict=True):
@@ -148,7 +149,7 @@ def flat(index: Sequence[PrimExpr], dims: Sequence[int | SymDim]) -> PrimExpr:
     return number
 
 
-def unflat(number: PrimExpr, dims: Sequence[int | SymDim]) -> tuple[PrimExpr, ...]:
+def unflat(number: PrimExpr, dims: Sequence[int | SymDim | SumDim]) -> tuple[PrimExpr, ...]:
     """The index of row-major number `number` in a tensor of `dims` (symbolic dims allowed)."""
     index = []
     for d in reversed(dims[1:]):

@@ -21,7 +21,7 @@ import numpy as np
 from kiln import te
 from kiln.ir.attrs import Attrs, FieldError, bool_value, int_range, int_tuple, optional, to_opt_int_tuple
 from kiln.ir.dtype import DataType
-from kiln.ir.types import Dim, SymDim, TensorType, Type
+from kiln.ir.types import Dim, SumDim, SymDim, TensorType, Type
 from kiln.registry import Op, OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import accumulator, shape_dims
@@ -195,7 +195,7 @@ def _count(dims: Sequence[PrimExpr]) -> int | PrimExpr:
     return total
 
 
-def _dims(out_type: TensorType) -> tuple[int | SymDim, ...]:
+def _dims(out_type: TensorType) -> tuple[int | SymDim | SumDim, ...]:
     """The output's dims for te: ints, and symbolic dims (the kernel's size variables)."""
     return shape_dims(out_type)
 
@@ -217,7 +217,7 @@ def _input_index(
 
 
 def _reduce(
-    x: te.Tensor, attrs: AnyReduceAttrs, shape: Sequence[int | SymDim], kind: str, dtype: str, name: str,
+    x: te.Tensor, attrs: AnyReduceAttrs, shape: Sequence[int | SymDim | SumDim], kind: str, dtype: str, name: str,
     mark: dict[str, Any] | None = None,
 ) -> te.Tensor:
     """`x` reduced by reducer `kind` over the axes `attrs` names, its elements first cast to `dtype`; `mark`
@@ -546,7 +546,7 @@ _SCAN_BLOCK = 16  # elements of a block of a long scan: log2 of it full passes, 
 _SCAN_BLOCKED = 256  # axes from this length on are scanned in blocks
 
 
-def _doubling(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], dims: tuple[int | SymDim, ...], ax: int,
+def _doubling(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], dims: tuple[int | SymDim | SumDim, ...], ax: int,
               first: Callable[[tuple[PrimExpr, ...], int], PrimExpr], name: str,
               last: Callable[[tuple[PrimExpr, ...]], tuple[tuple[PrimExpr, ...], Callable[[PrimExpr], PrimExpr]]]
               | None = None, keep: bool = False) -> te.Tensor:
@@ -569,7 +569,7 @@ def _doubling(combine: Callable[[PrimExpr, PrimExpr], PrimExpr], dims: tuple[int
     count = (n - 1).bit_length() if n > 1 else 0  # 2^count >= n (max and sum are the ops here)
     pad = (1 << count) - 1
 
-    def along(length: int) -> tuple[int | SymDim, ...]:
+    def along(length: int) -> tuple[int | SymDim | SumDim, ...]:
         return (*dims[:ax], length, *dims[ax + 1:])
 
     def moved(index: tuple[PrimExpr, ...], to: PrimExpr) -> tuple[PrimExpr, ...]:

@@ -33,7 +33,7 @@ from kiln.ir.attrs import (
     to_int_tuple,
     to_opt_int_tuple,
 )
-from kiln.ir.types import ANY, Dim, SizeVar, SymDim, TensorType, Type, dim_add, dim_div, dim_mul, dim_prod
+from kiln.ir.types import ANY, Dim, SizeVar, SumDim, SymDim, TensorType, Type, dim_add, dim_div, dim_mul, dim_prod
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, Tuple, TupleGetItem, call
 from kiln.relay.op._grad import collapse_sum_to, shape_of
@@ -208,7 +208,7 @@ def _reshape_groups(src: Sequence[Dim], dst: Sequence[Dim]) -> list[tuple[int, i
     return cuts
 
 
-def _reshape_symbolic(x: te.Tensor, shape: tuple[int | SymDim, ...], name: str) -> te.Tensor:
+def _reshape_symbolic(x: te.Tensor, shape: tuple[int | SymDim | SumDim, ...], name: str) -> te.Tensor:
     """`_reshape_tensor` with symbolic dims: cut into groups of dims whose products agree (`_reshape_groups`),
     each axis of a group of one dim on each side (or of equal dims but 1s) read directly, a group whose dims
     differ (768 as 12 x 64) through its element number (in the group, so with a static group no division
@@ -235,7 +235,7 @@ def _reshape_symbolic(x: te.Tensor, shape: tuple[int | SymDim, ...], name: str) 
     return te.compute(shape, element, name=name)
 
 
-def _reshape_tensor(x: te.Tensor, out_shape: tuple[int | SymDim, ...], name: str) -> te.Tensor:
+def _reshape_tensor(x: te.Tensor, out_shape: tuple[int | SymDim | SumDim, ...], name: str) -> te.Tensor:
     """`x`'s elements in row-major order in `out_shape` (the compute of reshape and its kin).
 
     When only dims of size 1 come and go (squeeze, expand_dims, most batch_flattens), each

@@ -15,7 +15,7 @@ from op_helpers import check_build, make_attrs, rand, ref, rel, type_of
 
 from kiln import relay
 from kiln.ir.attrs import AttrsError
-from kiln.ir.types import ANY, SizeVar, TensorType, TupleType
+from kiln.ir.types import ANY, SizeVar, TensorType, TupleType, dim_add
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.op._rel import RelationError
 
@@ -446,7 +446,7 @@ def test_dropout_reference_is_the_identity_with_a_ones_mask() -> None:
     [
         ((1, 3, 4, 4), ((0, 0), (0, 0), (1, 1), (2, 0)), (1, 3, 6, 6)),
         ((N, 3), ((0, 0), (2, 3)), (N, 8)),
-        ((N, 3), ((1, 0), (0, 0)), (ANY, 3)),
+        ((N, 3), ((1, 0), (0, 0)), (dim_add(N, 1), 3)),
         ((), (), ()),
     ],
 )
