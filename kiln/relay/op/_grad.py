@@ -14,11 +14,12 @@ and scheduled like the forward graph. An op that has no gradient says why with
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import overload
 
 from kiln.errors import KilnError
 from kiln.ir.attrs import Attrs
 from kiln.ir.types import TensorType
-from kiln.relay.expr import Call, Expr, call
+from kiln.relay.expr import Call, Expr, Tuple, TupleGetItem, call
 
 
 class OpGradientError(KilnError, ValueError):
@@ -39,6 +40,22 @@ def dtype_of(e: Expr) -> str:
     if not isinstance(t, TensorType):
         raise TypeError(f"a gradient needs a tensor, found {t}")
     return str(t.dtype)
+
+
+@overload
+def field(grad: Expr, i: int) -> Expr: ...
+
+
+@overload
+def field(grad: Sequence[Expr | None], i: int) -> Expr | None: ...
+
+
+def field(grad: Expr | Sequence[Expr | None], i: int) -> Expr | None:
+    """Field `i` of the gradient of a tuple output: of a Tuple the pass built, of any tuple expression, or of
+    a Python sequence (a caller's, whose None means that no gradient reached that field)."""
+    if isinstance(grad, Expr):
+        return grad.fields[i] if isinstance(grad, Tuple) else TupleGetItem(grad, i)
+    return grad[i]
 
 
 def collapse_sum_to(grad: Expr, grad_shape: Sequence[int], shape: Sequence[int]) -> Expr:
@@ -80,4 +97,4 @@ def _reshape_attrs(shape: tuple[int, ...]) -> Attrs:
     return ReshapeAttrs.make("reshape", newshape=shape)
 
 
-__all__ = ["Call", "OpGradientError", "collapse_sum_like", "collapse_sum_to", "dtype_of", "shape_of"]
+__all__ = ["Call", "OpGradientError", "collapse_sum_like", "collapse_sum_to", "dtype_of", "field", "shape_of"]

@@ -16,7 +16,7 @@ where they are used: `conv.py` and `pool.py` import this module before they defi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 from typing import Any
 
 import numpy as np
@@ -210,21 +210,14 @@ class _Taps:
         return [(i, j) for i in range(kh) for j in range(kw)]
 
 
-def _total(terms: Sequence[Expr]) -> Expr:
-    out = terms[0]
-    for t in terms[1:]:
-        out = add(out, t)
-    return out
-
-
 def max_pool2d_grad(call: Call, grad: Expr) -> Grads:
     """The gradient of each window to the taps equal to its maximum, split evenly among ties (as the max
     reduction's)."""
     t = _Taps(call)
     xp = t.padded_input(-np.inf)
     hits = [cast(equal(t.read(xp, i, j), call), t.dtype) for i, j in t.taps()]
-    share = divide(grad, _total(hits))
-    return [t.unpad(_total([t.put_back(multiply(hit, share), i, j) for hit, (i, j) in zip(hits, t.taps(),
+    share = divide(grad, functools.reduce(add, hits))
+    return [t.unpad(functools.reduce(add, [t.put_back(multiply(hit, share), i, j) for hit, (i, j) in zip(hits, t.taps(),
                                                                                            strict=True)]))]
 
 
@@ -239,7 +232,7 @@ def avg_pool2d_grad(call: Call, grad: Expr) -> Grads:
     shape = [1, 1, 1, 1]
     shape[t.hax], shape[t.wax] = t.oh, t.ow
     share = multiply(grad, const((1.0 / count).reshape(shape).astype(t.dtype)))
-    return [t.unpad(_total([t.put_back(share, i, j) for i, j in t.taps()]))]
+    return [t.unpad(functools.reduce(add, [t.put_back(share, i, j) for i, j in t.taps()]))]
 
 
 def global_avg_pool2d_grad(call: Call, grad: Expr) -> Grads:

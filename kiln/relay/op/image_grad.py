@@ -22,6 +22,7 @@ The image constructors are not imported here: `image.py` imports this module bef
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -253,13 +254,6 @@ def _spread(e: Expr, a: int, nd: int, taps: int, shape: tuple[int, int]) -> Expr
     return reshape(e, (n, *([1] * a), taps, *([1] * (nd - 1 - a)), p))
 
 
-def _product(exprs: Sequence[Expr]) -> Expr:
-    out = exprs[0]
-    for e in exprs[1:]:
-        out = multiply(out, e)
-    return out
-
-
 def grid_sample_grad(call: Call, grad: Expr) -> Grads:
     """The data's gradient scattered back to the taps; the grid's from the taps' weight derivatives."""
     from kiln.relay.op.creation import zeros, zeros_like
@@ -290,7 +284,7 @@ def grid_sample_grad(call: Call, grad: Expr) -> Grads:
     g = reshape(cast(grad, ft), (n, c, 1, p))
     grads: Grads = [None, None]
     if _is_float(data):
-        updates = reshape(multiply(g, reshape(_product(weights), (n, 1, k, p))), (n, c, k * p))
+        updates = reshape(multiply(g, reshape(functools.reduce(multiply, weights), (n, 1, k, p))), (n, c, k * p))
         flat_grad = scatter_elements(zeros((n, c, s), ft), index, updates, axis=2, reduction="add")
         grads[0] = cast(reshape(flat_grad, dshape), dtype_of(data))
     if a.method == "nearest":
@@ -303,6 +297,6 @@ def grid_sample_grad(call: Call, grad: Expr) -> Grads:
         dw = per_axis[ax].dweight
         assert dw is not None  # linear and cubic have weight derivatives
         factors = [_spread(dw, ax, nd, taps, (n, p)) if b == ax else weights[b] for b in range(nd)]
-        coords.append(sum(multiply(h, reshape(_product(factors), (n, k, p))), axis=1))
+        coords.append(sum(multiply(h, reshape(functools.reduce(multiply, factors), (n, k, p))), axis=1))
     grads[1] = cast(reshape(stack(coords, axis=-1), gshape), dtype_of(grid))
     return grads

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.types import TensorType, TupleType
-from kiln.relay.expr import Call, Expr, Tuple, TupleGetItem, const
-from kiln.relay.op._grad import dtype_of, shape_of
+from kiln.relay.expr import Call, Expr, TupleGetItem, const
+from kiln.relay.op._grad import dtype_of, field, shape_of
 
 Grads = list[Expr | None]
 
@@ -42,11 +42,10 @@ def split_grad(call: Call, grad: Expr) -> Grads:
     out = call.checked_type
     assert isinstance(out, TupleType)
     fields: list[Expr] = []
-    given = list(grad) if isinstance(grad, (list, tuple)) else None
     for i, t in enumerate(out.fields):
         assert isinstance(t, TensorType)
-        g = given[i] if given is not None else grad.fields[i] if isinstance(grad, Tuple) else TupleGetItem(grad, i)
-        fields.append(g if g is not None else _zeros([int(d) for d in t.shape], str(t.dtype)))  # type: ignore[arg-type]
+        g = field(grad, i)
+        fields.append(g if g is not None else _zeros([int(d) for d in t.shape], str(t.dtype)))
     return [concatenate(fields, attrs_of(call).axis)]
 
 
@@ -147,8 +146,7 @@ def topk_grad(call: Call, grad: Expr) -> Grads:
     from kiln.relay.op.indexing import scatter_elements
 
     (x,) = call.args
-    given = list(grad) if isinstance(grad, (list, tuple)) else None
-    g = given[0] if given is not None else grad.fields[0] if isinstance(grad, Tuple) else TupleGetItem(grad, 0)
+    g = field(grad, 0)
     if g is None:
         return [_zeros(shape_of(x), dtype_of(x))]
     indices = TupleGetItem(call, 1)

@@ -11,13 +11,14 @@ computes it once.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import numpy as np
 
-from kiln.relay.expr import Call, Expr, Tuple, TupleGetItem, const
-from kiln.relay.op._grad import OpGradientError, collapse_sum_to, dtype_of, shape_of
+from kiln.relay.expr import Call, Expr, const
+from kiln.relay.op._grad import OpGradientError, collapse_sum_to, dtype_of, field, shape_of
 from kiln.relay.op.creation import zeros_like
 from kiln.relay.op.reduce import mean, sum
 from kiln.relay.op.shape import reshape
@@ -48,11 +49,6 @@ def attrs_of(call: Call) -> Any:
 def scalar(value: float, like: Expr) -> Expr:
     """A scalar constant of `like`'s dtype."""
     return const(np.asarray(value, dtype=dtype_of(like)))
-
-
-def field(grad: Expr, i: int) -> Expr:
-    """Field `i` of the gradient of a tuple output (a Tuple built by the pass, or any tuple expression)."""
-    return grad.fields[i] if isinstance(grad, Tuple) else TupleGetItem(grad, i)
 
 
 def along(vec: Expr, axis: int, shape: tuple[int, ...]) -> Expr:
@@ -194,10 +190,7 @@ def _fold_axis(g: Expr, gshape: tuple[int, ...], axis: int, src: Any, size: int,
             picked = range(first, first + step * (stop - start), step)
         terms.append(unslice_axis(piece, tuple(shape), axis, size, picked, dtype))
         start = stop
-    out = terms[0]
-    for t in terms[1:]:
-        out = add(out, t)
-    return out
+    return functools.reduce(add, terms)
 
 
 # --- matrix products -----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ non-differentiable (the output is only piecewise smooth in them), and the indice
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -143,9 +144,7 @@ def _max(grad: Expr, data: Expr, batch: Expr, ys: _Axis, xs: _Axis) -> Expr:
             pixels.append(index)
             weights.append(weight)
             terms.append(multiply(weight, reshape(gather_elements(image, index, axis=2), sample)))
-    best = terms[0]
-    for t in terms[1:]:
-        best = maximum(best, t)
+    best = functools.reduce(maximum, terms)
     most = max(where(valid, best, broadcast_to(zero, sample)), axis=(3, 5), keepdims=True)
     hits = [logical_and(valid, equal(t, most)) for t in terms]
     # an out-of-range sample counts as one candidate 0, which takes a share and passes it nowhere
