@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from timing import seconds_without_coretype
 
+from kiln.bench import run_seconds
 from kiln.testing import models, train
 
 Array = np.ndarray[Any, Any]
@@ -43,31 +44,8 @@ def data(seed: int = 0) -> tuple[Array, Array, dict[str, Array]]:
 
 
 def numpy_step(x: Array, labels: Array, p: dict[str, Array]) -> tuple[float, dict[str, Array]]:
-    """The step by hand in float32: forward, mean softmax cross-entropy, backward, update."""
-    layers = len(SIZES) - 1
-    acts, h = [x], x
-    for i in range(layers):
-        h = h @ p[f"w{i}"].T + p[f"b{i}"]
-        if i < layers - 1:
-            h = np.maximum(h, 0)
-        acts.append(h)
-    shifted = h - h.max(axis=1, keepdims=True)
-    e = np.exp(shifted)
-    total = e.sum(axis=1, keepdims=True)
-    rows = np.arange(len(labels))
-    loss = float(np.mean(np.log(total[:, 0]) - shifted[rows, labels]))
-    d = e / total
-    d[rows, labels] -= 1
-    d /= len(labels)
-    new = {}
-    for i in reversed(range(layers)):
-        if i < layers - 1:
-            d = d * (acts[i + 1] > 0)
-        new[f"w{i}"] = p[f"w{i}"] - LR * (d.T @ acts[i])
-        new[f"b{i}"] = p[f"b{i}"] - LR * d.sum(axis=0)
-        if i:
-            d = d @ p[f"w{i}"]
-    return loss, new
+    """The step by hand in float32 (`train.numpy_mlp_step`): forward, mean softmax cross-entropy, backward, update."""
+    return train.numpy_mlp_step(x, labels, p, LR)
 
 
 def torch_step(x: Array, labels: Array, p: dict[str, Array]) -> Callable[[], tuple[float, dict[str, Array]]] | None:
@@ -104,14 +82,7 @@ def torch_step(x: Array, labels: Array, p: dict[str, Array]) -> Callable[[], tup
 
 def seconds(fn: Callable[[], Any], repeat: int) -> list[float]:
     """Wall times of `repeat` calls of `fn`, after 3 untimed ones."""
-    for _ in range(3):
-        fn()
-    out = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
+    return run_seconds(fn, repeat, warmup=3)
 
 
 def describe(name: str, times: list[float], base: float | None = None) -> str:

@@ -24,8 +24,8 @@ from kiln.errors import KilnError
 from kiln.ir.module import IRModule
 
 
-def median_seconds(fn: Callable[[], Any], repeat: int = 7, warmup: int = 0) -> float:
-    """The median wall time of `fn()` over `repeat` runs, after `warmup` untimed runs."""
+def run_seconds(fn: Callable[[], Any], repeat: int = 7, warmup: int = 0) -> list[float]:
+    """The wall time of each of `repeat` runs of `fn()`, after `warmup` untimed runs."""
     for _ in range(warmup):
         fn()
     times = []
@@ -33,7 +33,12 @@ def median_seconds(fn: Callable[[], Any], repeat: int = 7, warmup: int = 0) -> f
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn: Callable[[], Any], repeat: int = 7, warmup: int = 0) -> float:
+    """The median wall time of `fn()` over `repeat` runs, after `warmup` untimed runs."""
+    return statistics.median(run_seconds(fn, repeat, warmup))
 
 
 def random_inputs(specs: Mapping[str, tuple[tuple[int, ...], str]], seed: int = 0) -> dict[str, np.ndarray]:

@@ -131,4 +131,39 @@ def sgd_step(model: Function, loss: str | Loss = "softmax_cross_entropy", lr: fl
     return TrainStep(func, chosen, names, lib.create_executor())
 
 
-__all__ = ["LOSSES", "TrainStep", "blobs", "sgd_step", "step_function"]
+def numpy_softmax_ce(logits: Array, labels: Array) -> tuple[float, Array]:
+    """The mean softmax cross-entropy of `logits` (batch, classes) against int `labels`, and its gradient with
+    respect to the logits, in numpy in the logits' dtype."""
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(shifted)
+    total = e.sum(axis=1, keepdims=True)
+    rows = np.arange(len(labels))
+    loss = float(np.mean(np.log(total[:, 0]) - shifted[rows, labels]))
+    d = e / total
+    d[rows, labels] -= 1
+    return loss, d / len(labels)
+
+
+def numpy_mlp_step(x: Array, labels: Array, params: Mapping[str, Array], lr: float) -> tuple[float, Params]:
+    """One SGD step of `models.mlp` (dense + bias, relu between) with softmax cross-entropy, by hand in numpy
+    in the arrays' dtype: the loss before the step and the updated parameters."""
+    layers = len(params) // 2
+    acts, h = [x], x
+    for i in range(layers):
+        h = h @ params[f"w{i}"].T + params[f"b{i}"]
+        if i < layers - 1:
+            h = np.maximum(h, 0)
+        acts.append(h)
+    loss, d = numpy_softmax_ce(h, labels)
+    new = {}
+    for i in reversed(range(layers)):
+        if i < layers - 1:
+            d = d * (acts[i + 1] > 0)
+        new[f"w{i}"] = params[f"w{i}"] - lr * (d.T @ acts[i])
+        new[f"b{i}"] = params[f"b{i}"] - lr * d.sum(axis=0)
+        if i:
+            d = d @ params[f"w{i}"]
+    return loss, new
+
+
+__all__ = ["LOSSES", "TrainStep", "blobs", "numpy_mlp_step", "numpy_softmax_ce", "sgd_step", "step_function"]

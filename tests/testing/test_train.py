@@ -17,33 +17,9 @@ LR = 0.1
 STEPS = 10
 
 
-def softmax_ce(logits: Array, labels: Array) -> tuple[float, Array]:
-    """The mean softmax cross-entropy and its gradient with respect to the logits."""
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    n = len(labels)
-    onehot = np.eye(logits.shape[1])[labels]
-    return float(-(logp * onehot).sum() / n), (np.exp(logp) - onehot) / n
-
-
 def mlp_step(x: Array, labels: Array, p: dict[str, Array]) -> tuple[float, dict[str, Array]]:
-    """One SGD step of the MLP, forward and backward by hand."""
-    layers = len(p) // 2
-    acts, h = [x], x
-    for i in range(layers):
-        h = h @ p[f"w{i}"].T + p[f"b{i}"]
-        if i < layers - 1:
-            h = np.maximum(h, 0)
-        acts.append(h)
-    loss, d = softmax_ce(h, labels)
-    new = {}
-    for i in reversed(range(layers)):
-        if i < layers - 1:
-            d = d * (acts[i + 1] > 0)
-        new[f"w{i}"] = p[f"w{i}"] - LR * d.T @ acts[i]
-        new[f"b{i}"] = p[f"b{i}"] - LR * d.sum(axis=0)
-        d = d @ p[f"w{i}"]
-    return loss, new
+    """One SGD step of the MLP, forward and backward by hand (`train.numpy_mlp_step`)."""
+    return train.numpy_mlp_step(x, labels, p, LR)
 
 
 def im2col(x: Array) -> Array:
@@ -83,7 +59,7 @@ def cnn_step(x: Array, labels: Array, p: dict[str, Array], layers: int = 2) -> t
         saved.append((h.shape, cols, conv, inv, z, a, pooled))
         h = pooled
     feat = h.mean(axis=(2, 3))
-    loss, d = softmax_ce(feat @ p["fc_w"].T + p["fc_b"], labels)
+    loss, d = train.numpy_softmax_ce(feat @ p["fc_w"].T + p["fc_b"], labels)
     new = {"fc_w": p["fc_w"] - LR * d.T @ feat, "fc_b": p["fc_b"] - LR * d.sum(axis=0)}
     dh = np.broadcast_to((d @ p["fc_w"])[:, :, None, None] / (h.shape[2] * h.shape[3]), h.shape)
     for n in reversed(range(layers)):
