@@ -15,7 +15,6 @@ garbage collected.
 from __future__ import annotations
 
 import ctypes
-import math
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -25,11 +24,11 @@ import numpy as np
 
 from kiln.errors import KilnError
 from kiln.ir.dtype import DataType
-from kiln.ir.types import dim_value
+from kiln.ir.types import SymDim, dim_subst, dim_value
 from kiln.runtime.linker import Engine, kernel_symbol
 from kiln.target import Target
 from kiln.tir.dims import expr_dim
-from kiln.tir.expr import Buffer, IntImm, Mul, PrimExpr, Var
+from kiln.tir.expr import Buffer, IntImm, PrimExpr, Var
 from kiln.tir.flatten import flatten
 from kiln.tir.functor import post_order_visit, used_vars
 from kiln.tir.stmt import Allocate, PrimFunc
@@ -126,19 +125,6 @@ class Param:
             raise self.error(f"shape {a.shape} has {a.size} elements, more than the {_INT32_MAX} that kernels index")
 
 
-def monomial(d: PrimExpr) -> tuple[int, list[Var]] | None:
-    """`d` as (c, [v1, v2, ...]) when it is c * v1 * v2 ... (a product of size variables), else None."""
-    if isinstance(d, IntImm):
-        return int(d.value), []
-    if isinstance(d, Var):
-        return 1, [d]
-    if isinstance(d, Mul):
-        a, b = monomial(d.a), monomial(d.b)
-        if a is not None and b is not None:
-            return a[0] * b[0], a[1] + b[1]
-    return None
-
-
 def dim_text(d: PrimExpr | int) -> int | str:
     """How a signature writes a kernel parameter's dim: an int, a size's name, or a sum or product of sizes as
     a relay type writes it (`2*n*s`, `p + s`: `kiln.ir.types`)."""
@@ -157,18 +143,18 @@ def bind_products(products: list[tuple[Param, int, PrimExpr, int]], bound: dict[
         where = f"{p.name}.shape[{axis}]"
         vs = sorted(used_vars(want), key=lambda v: v.name)
         free = [v for v in vs if id(v) not in bound]
-        found = monomial(want)
-        if found is not None and len(free) == 1 and found[1].count(free[0]) == 1:
-            coeff, factors = found
-            rest = coeff * math.prod(bound[id(v)][0] for v in factors if v is not free[0])
+        dim = expr_dim(want)  # a Param keeps only the dims expr_dim reads
+        assert dim is not None
+        env = {v.name: bound[id(v)][0] for v in vs if id(v) in bound}
+        if isinstance(dim, SymDim) and len(free) == 1 and dict(dim.factors)[free[0].name] == 1:  # c * v * ...
+            rest = dim_value(dim_subst(dim, {free[0].name: 1}), env)
             if rest and got % rest == 0:
                 bound[id(free[0])] = (got // rest, where)
+                env[free[0].name] = got // rest
         elif free:
             raise p.error(f"dim {axis} is {dim_text(want)} = {got}, which does not give the sizes "
                           f"{', '.join(v.name for v in free)}: pass them (sizes=)")
-        env = {v.name: bound[id(v)][0] for v in vs if id(v) in bound}
-        dim = expr_dim(want)
-        value = dim_value(dim, env) if dim is not None and len(env) == len(vs) else None
+        value = dim_value(dim, env) if len(env) == len(vs) else None
         if value != got:
             raise p.error(f"dim {axis} ({dim_text(want)}) should be {value} with "
                           + ", ".join(f"{v.name} = {bound[id(v)][0]} (from {bound[id(v)][1]})" for v in vs
