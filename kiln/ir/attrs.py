@@ -8,7 +8,7 @@ field, what is allowed and what was given.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import attrs
@@ -70,6 +70,17 @@ class Attrs:
         """The attribute values by name, in declaration order."""
         return {f.name: getattr(self, f.name) for f in _fields(type(self))}
 
+    def with_sizes(self: A, sizes: Mapping[str, int]) -> A:
+        """These attrs with the size variables of `sizes` at their values in each symbolic dim (a `dims`
+        field's `n`, `2*n`; those of other sizes stay symbolic). An attrs class with symbolic dims outside
+        `dims` fields overrides this."""
+        from kiln.ir.types import SumDim, SymDim, dim_subst
+
+        bound = {name: tuple(dim_subst(d, sizes) if isinstance(d, SymDim | SumDim) else d for d in value)
+                 for name, value in self.fields().items()
+                 if isinstance(value, tuple) and any(isinstance(d, SymDim | SumDim) for d in value)}
+        return attrs.evolve(cast(Any, self), **bound) if bound else self
+
 
 # ---------------------------------------------------------------------------
 # Validators and converters. Each validator raises FieldError(field, allowed, given).
@@ -128,6 +139,32 @@ def int_tuple(length: int | Sequence[int] | None = None, lo: int | None = None) 
             raise FieldError(field.name, what, value)
 
     return check
+
+
+def dims(lo: int | None = None) -> Validator:
+    """The value must be a tuple of dims: ints (each >= lo) or symbolic dims (`n`, `2*n`, `p + s`)."""
+    from kiln.ir.types import SumDim, SymDim
+
+    def check(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
+        ok = isinstance(value, tuple) and all(
+            isinstance(v, SymDim | SumDim) or (isinstance(v, int) and not isinstance(v, bool)
+                                               and (lo is None or v >= lo)) for v in value)
+        if not ok:
+            raise FieldError(field.name, "a list of dims (ints" + (f" >= {lo}" if lo is not None else "")
+                             + " or sizes such as \"n\")", value)
+
+    return check
+
+
+def to_dims(value: Any) -> Any:
+    """Converter: as `to_int_tuple`, where a string (a size as the text format writes it: "n", "2*n") or
+    a symbolic dim stays a symbolic dim."""
+    from kiln.ir.types import parse_dim
+
+    value = to_int_tuple(value)
+    if isinstance(value, tuple):
+        return tuple(parse_dim(v) if isinstance(v, str) else v for v in value)
+    return value
 
 
 def optional(validator: Validator) -> Validator:

@@ -147,6 +147,11 @@ TOpIsStateful: AttrKey[bool] = AttrKey(
 FReference: AttrKey[Callable[..., Any]] = AttrKey(
     "FReference", "a callable", is_callable, "numpy reference: (attrs, *arrays) -> array or tuple"
 )
+FSizeCheck: AttrKey[Callable[..., Any]] = AttrKey(
+    "FSizeCheck", "a callable", is_callable,
+    "(attrs, arg_types) -> list of (small, large, what): what the relation assumed of symbolic dims, "
+    "small <= large, checked when the sizes are known and before any kernel runs",
+)
 
 OP_ATTR_KEYS: tuple[AttrKey[Any], ...] = (
     TOpPattern,
@@ -159,4 +164,5 @@ OP_ATTR_KEYS: tuple[AttrKey[Any], ...] = (
     TNonDifferentiable,
     TOpIsStateful,
     FReference,
+    FSizeCheck,
 )

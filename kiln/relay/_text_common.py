@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.dtype import DataType
-from kiln.ir.types import FuncType, IncompleteType, TensorType, TupleType, Type, TypeVar
+from kiln.ir.types import FuncType, IncompleteType, SumDim, SymDim, TensorType, TupleType, Type, TypeVar
 
 METADATA_HEADER = "#[metadata]"
 INLINE_LIMIT = 16
@@ -262,6 +262,8 @@ def attr_value_text(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, DataType):
         return value.name
+    if isinstance(value, SymDim | SumDim):
+        return json.dumps(str(value))  # a size in a dims attribute, read back by its converter
     if isinstance(value, tuple | list):
         return "[" + ", ".join(attr_value_text(v) for v in value) + "]"
     return repr(value)  # not a kind of value the format knows; the parser will refuse it

@@ -24,7 +24,7 @@ import numpy as np
 
 from kiln.errors import KilnError, did_you_mean
 from kiln.ir.module import IRModule
-from kiln.ir.types import TensorType, TupleType, Type
+from kiln.ir.types import SymDim, TensorType, TupleType, Type
 from kiln.registry import Op, attr
 from kiln.relay.expr import (
     Call,
@@ -181,6 +181,17 @@ class Interpreter:
 
     def __init__(self, mod: IRModule) -> None:
         self.mod = mod
+        self.sizes: dict[str, int] = {}  # the size variables' values, from the inputs of the last call
+
+    def _read_sizes(self, params: Sequence[Var], args: Sequence[Value]) -> None:
+        """Sizes from inputs whose dims are a size variable (`n` in (n, 128)): the attrs of calls may name
+        them (a reshape to (n, s, 768))."""
+        for p, a in zip(params, args, strict=True):
+            t = p.type_annotation or (p.checked_type if p.has_type else None)
+            if isinstance(t, TensorType) and isinstance(a, np.ndarray):
+                for d, got in zip(t.shape, a.shape, strict=False):
+                    if isinstance(d, SymDim) and d.coeff == 1 and d.factors[0][1] == 1 and len(d.factors) == 1:
+                        self.sizes[d.factors[0][0]] = got
 
     def _global(self, gvar: GlobalVar) -> Closure:
         if gvar not in self.mod:
@@ -198,6 +209,7 @@ class Interpreter:
         env = _Env(callee.env)
         for p, a in zip(func.params, args, strict=True):
             env.values[id(p)] = _check_input(name, p, a)
+        self._read_sizes(func.params, [env.values[id(p)] for p in func.params])
         return self.eval(func.body, _Frame(env))
 
     def eval(self, root: Expr, frame: _Frame | None = None) -> Value:
@@ -242,7 +254,8 @@ class Interpreter:
                 args = values[len(values) - n:]
                 del values[len(values) - n:]
                 if isinstance(node.op, Op):
-                    result = run_op(node.op, node.attrs, args, node)
+                    op_attrs = node.attrs.with_sizes(self.sizes) if self.sizes and node.attrs else node.attrs
+                    result = run_op(node.op, op_attrs, args, node)
                     fr.memo[id(node)] = result
                     values.append(result)
                     continue

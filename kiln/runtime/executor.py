@@ -363,8 +363,9 @@ class GraphExecutor:
         self._cuda, self._cuda_keep, self._cuda_io = None, [], []
         self._graph_launch, self._graph_buffers = None, {}
 
-    def _size_values(self) -> dict[str, int]:
-        """The size variables' values from this thread's bound inputs (a graph of symbolic shapes).
+    def _size_values(self) -> tuple[dict[str, int], dict[str, str]]:
+        """The size variables' values from this thread's bound inputs (a graph of symbolic shapes), and the
+        input dim each came from (`x.shape[0]`).
 
         Raises:
             ExecutorError: when two inputs give one size variable two values, or a dim that is a product
@@ -403,7 +404,7 @@ class GraphExecutor:
             if dim_value(d, env) != got:
                 raise ExecutorError(f"input {here} is {got}, but its dim {d} is {dim_value(d, env)} with "
                                     + ", ".join(f"{n} = {env[n]} (from {where[n]})" for n in names))
-        return env
+        return env, where
 
     def run(self, **inputs: Any) -> None:
         """Runs every launch in order (after binding `inputs`, if given), in this thread.
@@ -481,10 +482,15 @@ class GraphExecutor:
         if missing:
             raise ExecutorError(f"inputs not set: {missing}; set them with set_input(name, array) in this thread")
         if g.symbols:
-            sizes = self._size_values()
+            sizes, where = self._size_values()
             if sizes != self._sizes:
                 graph = self.lib.variant(sizes) or g  # a variant built for these sizes first
-                self._use(graph.specialize(sizes) if graph.symbols else graph)
+                try:
+                    specialized = graph.specialize(sizes) if graph.symbols else graph
+                except ExecutorError as err:
+                    raise ExecutorError(f"{err} (" + ", ".join(f"{n} from input {w}" for n, w in where.items())
+                                        + ")") from None
+                self._use(specialized)
                 self._sizes = sizes
             g = self._graph
         values = list(self._values)

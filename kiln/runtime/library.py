@@ -124,6 +124,9 @@ class Graph:
     outputs: list[int]
     constants: dict[int, np.ndarray]
     storage_sizes: list[int] = attrs.field(factory=list)
+    # what the ops assumed of the sizes, each (small, large, what): small <= large once the sizes are known
+    # (a slice to `s` of a 512-row table: s <= 512); `specialize` checks them
+    checks: list[tuple[Dim, Dim, str]] = attrs.field(factory=list)
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -131,7 +134,21 @@ class Graph:
         return tuple(sorted({name for slot in self.slots for d in slot.shape for name in dim_names(d)}))
 
     def specialize(self, env: Mapping[str, int]) -> Graph:
-        """This graph with every size variable at its value in `env`, its memory planned for those sizes."""
+        """This graph with every size variable at its value in `env`, its memory planned for those sizes.
+
+        Raises:
+            ExecutorError: sizes that break what an op assumed of them (`checks`), or make a dim negative.
+        """
+        for small, large, what in self.checks:
+            if dim_value(small, env) > dim_value(large, env):
+                raise ExecutorError(f"{what} needs {small} <= {large}, which the sizes "
+                                    + ", ".join(f"{n} = {env[n]}" for n in sorted({*dim_names(small),
+                                                                                   *dim_names(large)}))
+                                    + " break")
+        for slot in self.slots:
+            if any(dim_value(d, env) < 0 for d in slot.shape):
+                raise ExecutorError(f"the value {slot.name!r} of shape ({', '.join(map(str, slot.shape))}) has a "
+                                    f"negative dim at the sizes {dict(env)}")
         graph = Graph([slot.concrete(env) for slot in self.slots], self.launches, self.inputs, self.outputs,
                       self.constants)
         graph.plan_memory()
@@ -257,13 +274,16 @@ class Library:
 def _graph_entry(graph: Graph, array: Callable[[np.ndarray], int]) -> dict[str, Any]:
     """How a header stores a graph: slots (symbolic dims as `str(dim)`), launches, inputs, outputs, storage
     sizes, and each constant as the blob `array` stores it in."""
-    return {
+    entry = {
         "slots": [{**attrs.asdict(s), "shape": [d if isinstance(d, int) else str(d) for d in s.shape]}
                   for s in graph.slots],
         "launches": [attrs.asdict(launch) for launch in graph.launches],
         "inputs": graph.inputs, "outputs": graph.outputs, "storage_sizes": graph.storage_sizes,
         "constants": {str(s): array(arr) for s, arr in graph.constants.items()},
     }
+    if graph.checks:  # (a graph of static shapes has none)
+        entry["checks"] = [[str(small), str(large), what] for small, large, what in graph.checks]
+    return entry
 
 
 def param_entries(func: PrimFunc) -> list[dict[str, Any]]:
@@ -377,7 +397,7 @@ def _decode_file(data: bytes, where: str, trusted: bool) -> tuple[dict[str, Any]
     except (ValueError, RecursionError) as e:  # also UnicodeDecodeError; RecursionError: nested too deep
         raise LibraryFormatError(f"{where}: header is not JSON ({type(e).__name__}: {e})") from e
     c = HeaderChecker(where)
-    optional = {k for k in ("cache_key", "variants") if isinstance(header, dict) and k in header}
+    optional = {k for k in ("cache_key", "variants", "checks") if isinstance(header, dict) and k in header}
     c.dict_(header, _HEADER_KEYS | optional, "header")
     sizes = [c.size(n, f"blobs[{i}]") for i, n in enumerate(c.list_(header["blobs"], "blobs"))]
     if sum(sizes) != len(payload) - 8 - head_len:
@@ -508,7 +528,13 @@ def _graph(c: HeaderChecker, header: dict[str, Any], blobs: list[bytes], params:
         constants[int(key)] = arr
     if set(constants) != {s for s, slot in enumerate(slots) if slot.kind == "const"}:
         raise c.fail("constants", "every const slot needs its array")
-    return Graph(slots, launches, inputs, outputs, constants, storage)
+    checks = []
+    for j, check in enumerate(c.list_(header.get("checks", []), "checks")):  # (none before kiln wrote them)
+        f = f"checks[{j}]"
+        if not isinstance(check, list) or len(check) != 3 or not isinstance(check[2], str) or len(check[2]) > 1000:
+            raise c.fail(f, "expected [small, large, what]: two dims and a text")
+        checks.append((_dim(c, check[0], f"{f}[0]"), _dim(c, check[1], f"{f}[1]"), check[2]))
+    return Graph(slots, launches, inputs, outputs, constants, storage, checks)
 
 
 def _dim(c: HeaderChecker, d: Any, field: str) -> Dim:
@@ -609,7 +635,7 @@ def _variants(c: HeaderChecker, header: dict[str, Any], blobs: list[bytes], grap
     out = []
     for i, v in enumerate(c.list_(header.get("variants", []), "variants")):
         f = f"variants[{i}]"
-        c.dict_(v, {"sizes", *_GRAPH_KEYS}, f)
+        c.dict_(v, {"sizes", *_GRAPH_KEYS} | ({"checks"} & set(c.of(v, dict, f))), f)
         sizes = {c.name(k, f"{f}.sizes"): c.size(n, f"{f}.sizes[{k!r:.20}]")
                  for k, n in c.of(v["sizes"], dict, f"{f}.sizes").items()}
         static = _graph(c, v, blobs, params)

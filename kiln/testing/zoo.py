@@ -17,7 +17,7 @@ with onnxruntime, which the CNNs with batch norms therefore need to build).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -71,9 +71,10 @@ def build(name: str, small: bool = False, seed: int = 0, **sizes: Any) -> Any:
     return builder(seed=seed, **{**(SMALL[name] if small else {}), **sizes})
 
 
-def inputs(model: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    """A random feed for a zoo model: input name → array (see `kiln.testing.zoo_graph.random_feed`)."""
-    return random_feed(model, seed)
+def inputs(model: Any, seed: int = 0, sizes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """A random feed for a zoo model: input name → array, dynamic axes sized by `sizes` (see
+    `kiln.testing.zoo_graph.random_feed`)."""
+    return random_feed(model, seed, sizes)
 
 
 __all__ = ["SMALL", "ZOO", "bert_base", "build", "convnext_blocks", "efficientnet_b0", "gpt2_blocks", "inputs",

@@ -64,7 +64,7 @@ class ZooBuilder(_Builder):
         self._names[prefix] += 1
         return f"{prefix}{self._names[prefix]}"
 
-    def input(self, name: str, shape: list[int], elem_type: int | None = None) -> str:
+    def input(self, name: str, shape: list[int | str], elem_type: int | None = None) -> str:
         """Declares a graph input; returns its name. When calibrating, a batch of images replaces batch 1."""
         dtype = self.float if elem_type is None else elem_type
         if self.calibrating and shape[:1] == [1]:
@@ -235,11 +235,12 @@ ACTIVATIONS: dict[str, Callable[[ZooBuilder, str], str]] = {
 }
 
 
-def random_feed(model: Any, seed: int = 0) -> dict[str, np.ndarray]:
+def random_feed(model: Any, seed: int = 0, sizes: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """Random inputs for a zoo model: name → array.
 
-    Float inputs are standard normal; `*_ids` inputs are token ids below the model's
-    `kiln.zoo.vocab` metadata; `*mask` inputs are ones with the last quarter zero (padding).
+    A dynamic axis takes its size from `sizes` (by the axis's name). Float inputs are standard normal;
+    `*_ids` inputs are token ids below the model's `kiln.zoo.vocab` metadata; `*mask` inputs are ones
+    with the last quarter zero (padding).
     """
     from onnx import helper
 
@@ -251,7 +252,8 @@ def random_feed(model: Any, seed: int = 0) -> dict[str, np.ndarray]:
         if value.name in inits:
             continue
         tensor = value.type.tensor_type
-        shape = tuple(int(d.dim_value) for d in tensor.shape.dim)
+        shape = tuple(int(d.dim_value) if d.HasField("dim_value") else (sizes or {})[d.dim_param]
+                      for d in tensor.shape.dim)
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
         if value.name.endswith("mask"):
             mask = np.ones(shape, dtype)

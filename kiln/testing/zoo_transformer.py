@@ -15,6 +15,11 @@ last axis. Weights are Xavier-like (1/sqrt(fan in)), so activations stay O(1).
   export writes for `x.size()[:-1] + (heads, head_dim)`.
 - `gpt2_blocks`: GPT-2 blocks on hidden states: pre-norm, fused QKV projection Split in three, a causal
   mask applied with Where (torch.finfo(float32).min where masked), gelu_new (Tanh), final LayerNorm.
+
+A batch or sequence length given as a name (`batch="batch", seq="sequence"`) is a dynamic axis, written
+as torch.onnx.export writes a model exported with `dynamic_axes`: the inputs and the output carry the
+name, and every shape the graph needs is computed from `Shape` at run time (position ids and the causal
+mask sliced from their 512 / 1024-row buffers, head splits and GPT-2's `view`s from `x.size()`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 from kiln.testing.zoo_graph import ZooBuilder
 
 _I64 = np.int64
+Size = int | str  # a static dim, or the name of a dynamic axis
 
 
 def _attention(b: ZooBuilder, q: str, k: str, v: str, split: Callable[[str, bool], str],
@@ -44,17 +50,17 @@ def _attention(b: ZooBuilder, q: str, k: str, v: str, split: Callable[[str, bool
     return merge(b.node("MatMul", [probs, split(v, False)]))
 
 
-def _static_heads(b: ZooBuilder, seq: int, hidden: int, heads: int) -> tuple[Callable[[str, bool], str],
+def _static_heads(b: ZooBuilder, batch: int, seq: int, hidden: int, heads: int) -> tuple[Callable[[str, bool], str],
                                                                               Callable[[str], str]]:
     """Head split and merge with constant shapes; the key's two Transposes fused into one, as export does."""
 
     def split(t: str, key: bool) -> str:
-        t = b.node("Reshape", [t, b.ints([1, seq, heads, hidden // heads])], allowzero=0)
+        t = b.node("Reshape", [t, b.ints([batch, seq, heads, hidden // heads])], allowzero=0)
         return b.node("Transpose", [t], perm=[0, 2, 3, 1] if key else [0, 2, 1, 3])
 
     def merge(t: str) -> str:
         t = b.node("Transpose", [t], perm=[0, 2, 1, 3])
-        return b.node("Reshape", [t, b.ints([1, seq, hidden])], allowzero=0)
+        return b.node("Reshape", [t, b.ints([batch, seq, hidden])], allowzero=0)
 
     return split, merge
 
@@ -101,7 +107,7 @@ def vit_b16(seed: int = 0, image: int = 224, patch: int = 16, hidden: int = 768,
     x = b.node("Transpose", [b.node("Reshape", [x, b.ints([1, hidden, tokens])], allowzero=0)], perm=[0, 2, 1])
     x = b.node("Concat", [b.normal("class_token", (1, 1, hidden), 1.0), x], axis=1)
     x = b.node("Add", [x, b.normal("pos_embedding", (1, seq, hidden), 0.5)])
-    split, merge = _static_heads(b, seq, hidden, heads)
+    split, merge = _static_heads(b, 1, seq, hidden, heads)
     for _ in range(layers):
         y = b.layer_norm(x, hidden, eps=1e-6)
         ctx = _attention(b, b.linear(y, hidden, hidden), b.linear(y, hidden, hidden), b.linear(y, hidden, hidden),
@@ -114,32 +120,35 @@ def vit_b16(seed: int = 0, image: int = 224, patch: int = 16, hidden: int = 768,
     return b.model("vit_b16", [], b.gemm(x, hidden, classes), [1, classes])
 
 
-def bert_base(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 12, ffn: int = 3072, layers: int = 2,
-              vocab: int = 30522, attention_mask: bool = True, exported: bool = False) -> Any:
-    """BERT-base's encoder (HF BertModel without the pooler) from (1, seq) int64 `input_ids`.
+def bert_base(seed: int = 0, seq: Size = 128, hidden: int = 768, heads: int = 12, ffn: int = 3072, layers: int = 2,
+              vocab: int = 30522, attention_mask: bool = True, exported: bool = False, batch: Size = 1) -> Any:
+    """BERT-base's encoder (HF BertModel without the pooler) from (batch, seq) int64 `input_ids`.
 
     Args:
         seed: the weights' seed.
-        seq: the sequence length.
+        seq: the sequence length, or a dynamic axis's name (which implies `exported`).
         hidden: the model width.
         heads: attention heads (dividing `hidden`).
         ffn: the feed-forward width.
         layers: encoder layers.
         vocab: the word embedding's rows (the token ids are below it).
-        attention_mask: take an int64 (1, seq) `attention_mask` input (1: attend, 0: padding).
+        attention_mask: take an int64 (batch, seq) `attention_mask` input (1: attend, 0: padding).
         exported: write the embeddings, the mask and the attention scale the way torch.onnx.export's
             dynamo exporter writes HF transformers' (see `_exported_embeddings`), instead of folded.
+        batch: the batch size, or a dynamic axis's name (which implies `exported`).
 
     Returns:
-        The model; its output is the last hidden state, (1, seq, hidden).
+        The model; its output is the last hidden state, (batch, seq, hidden).
     """
     b = ZooBuilder(seed)
     b.metadata["kiln.zoo.vocab"] = str(vocab)
-    ids = b.input("input_ids", [1, seq], b.onnx.TensorProto.INT64)
-    mask = b.input("attention_mask", [1, seq], b.onnx.TensorProto.INT64) if attention_mask else None
+    ids = b.input("input_ids", [batch, seq], b.onnx.TensorProto.INT64)
+    mask = b.input("attention_mask", [batch, seq], b.onnx.TensorProto.INT64) if attention_mask else None
+    exported = exported or isinstance(seq, str) or isinstance(batch, str)
     if exported:
         x, add_mask, scale = _exported_embeddings(b, ids, mask, hidden, heads)
     else:
+        assert isinstance(seq, int)
         x = b.node("Gather", [b.normal("word_embeddings", (vocab, hidden), 1.0), ids], axis=0)
         x = b.node("Add", [x, b.normal("token_type_embeddings", (1, seq, hidden), 0.5)])
         x = b.node("Add", [x, b.normal("position_embeddings", (1, seq, hidden), 0.5)])
@@ -159,7 +168,7 @@ def bert_base(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 12,
         x = b.layer_norm(b.node("Add", [b.linear(ctx, hidden, hidden), x]), hidden, eps=1e-12)
         h = b.linear(b.gelu(b.linear(x, hidden, ffn)), ffn, hidden)
         x = b.layer_norm(b.node("Add", [h, x]), hidden, eps=1e-12)
-    return b.model("bert_exported" if exported else "bert_base", [], x, [1, seq, hidden])
+    return b.model("bert_exported" if exported else "bert_base", [], x, [batch, seq, hidden])
 
 
 def _exported_embeddings(b: ZooBuilder, ids: str, mask: str | None, hidden: int,
@@ -211,32 +220,51 @@ def _exported_embeddings(b: ZooBuilder, ids: str, mask: str | None, hidden: int,
     return x, add_mask, scale
 
 
-def gpt2_blocks(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 12, layers: int = 2) -> Any:
-    """GPT-2 (small) blocks and the final LayerNorm on (1, seq, hidden) `hidden_states`.
+def gpt2_blocks(seed: int = 0, seq: Size = 128, hidden: int = 768, heads: int = 12, layers: int = 2,
+                batch: Size = 1) -> Any:
+    """GPT-2 (small) blocks and the final LayerNorm on (batch, seq, hidden) `hidden_states`.
 
     Args:
         seed: the weights' seed.
-        seq: the sequence length.
+        seq: the sequence length, or a dynamic axis's name (up to GPT-2's 1024 positions at run time).
         hidden: the model width (the MLP's is 4x).
         heads: attention heads (dividing `hidden`).
         layers: transformer blocks.
+        batch: the batch size, or a dynamic axis's name.
     """
     b = ZooBuilder(seed)
-    x = b.input("hidden_states", [1, seq, hidden])
-    causal = b.const("causal_mask", np.tril(np.ones((seq, seq), np.bool_))[None, None])
+    x = b.input("hidden_states", [batch, seq, hidden])
     masked = b.const("mask_value", np.array(np.finfo(np.float32).min, np.float32))
+    static = (batch, seq) if isinstance(batch, int) and isinstance(seq, int) else None  # or dynamic axes
 
     def conv1d(t: str, n_in: int, n_out: int) -> str:
-        # addmm(bias, x.view(-1, n_in), weight).view(1, seq, n_out)
+        # addmm(bias, x.view(-1, n_in), weight).view(size_out), size_out = x.size()[:-1] + (n_out,)
         flat = b.node("Reshape", [t, b.ints([-1, n_in])], allowzero=0)
         w = b.normal("conv1d.weight", (n_in, n_out), float(1.0 / np.sqrt(n_in)))
         y = b.node("Gemm", [flat, w, b.normal("conv1d.bias", (n_out,), 0.02)], alpha=1.0, beta=1.0)
-        return b.node("Reshape", [y, b.ints([1, seq, n_out])], allowzero=0)
+        if static:
+            return b.node("Reshape", [y, b.ints([*static, n_out])], allowzero=0)
+        lead = b.node("Slice", [b.node("Shape", [t]), b.ints([0]), b.ints([-1]), b.ints([0])])
+        return b.node("Reshape", [y, b.node("Concat", [lead, b.ints([n_out])], axis=0)], allowzero=0)
 
-    def causal_mask(scores: str) -> str:
-        return b.node("Where", [causal, scores, masked])
+    if static:
+        causal = b.const("causal_mask", np.tril(np.ones((static[1], static[1]), np.bool_))[None, None])
 
-    split, merge = _static_heads(b, seq, hidden, heads)
+        def causal_mask(scores: str) -> str:
+            return b.node("Where", [causal, scores, masked])
+    else:
+        bias = b.const("bias", np.tril(np.ones((1024, 1024), np.bool_))[None, None])
+
+        def causal_mask(scores: str) -> str:
+            # self.bias[:, :, key_length - query_length : key_length, :key_length]
+            shape = b.node("Shape", [scores])
+            q, k = (b.node("Unsqueeze", [b.node("Gather", [shape, b.const(b.fresh("idx"), np.array(i, _I64))],
+                                                       axis=0), b.ints([0])]) for i in (2, 3))
+            rows = b.node("Slice", [bias, b.node("Sub", [k, q]), k, b.ints([2]), b.ints([1])])
+            return b.node("Where", [b.node("Slice", [rows, b.ints([0]), k, b.ints([3]), b.ints([1])]), scores,
+                                    masked])
+
+    split, merge = _static_heads(b, *static, hidden, heads) if static else _dynamic_heads(b, hidden, heads)
     for _ in range(layers):
         q, k, v = b.multi("Split", [conv1d(b.layer_norm(x, hidden), hidden, 3 * hidden), b.ints([hidden] * 3)], 3,
                           axis=2)
@@ -244,4 +272,4 @@ def gpt2_blocks(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 1
         x = b.node("Add", [conv1d(ctx, hidden, hidden), x])
         h = conv1d(b.gelu_tanh(conv1d(b.layer_norm(x, hidden), hidden, 4 * hidden)), 4 * hidden, hidden)
         x = b.node("Add", [x, h])
-    return b.model("gpt2_blocks", [], b.layer_norm(x, hidden), [1, seq, hidden])
+    return b.model("gpt2_blocks", [], b.layer_norm(x, hidden), [batch, seq, hidden])

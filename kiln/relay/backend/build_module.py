@@ -26,8 +26,8 @@ import numpy as np
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
 from kiln.ir.transform import Pass, PassContext, Sequential
-from kiln.ir.types import SumDim, SymDim, TensorType, Type, dim_names, dim_subst
-from kiln.registry import Op, foreign_registration
+from kiln.ir.types import Dim, SumDim, SymDim, TensorType, Type, dim_add, dim_mul, dim_names, dim_subst
+from kiln.registry import Op, attr, foreign_registration
 from kiln.relay import expr as rx
 from kiln.relay import transform as t
 from kiln.relay.analysis import structural_hash
@@ -56,12 +56,23 @@ def build_passes() -> list[Pass]:
 
 
 class _Bind(ExprMutator):
-    def __init__(self, values: Mapping[int, rx.Expr]) -> None:
+    """Replaces vars by id with `values`; with `sizes`, puts those sizes into the calls' attrs too (a
+    reshape to (n, s, 768) with s = 128 is one to (n, 128, 768))."""
+
+    def __init__(self, values: Mapping[int, rx.Expr], sizes: Mapping[str, int] | None = None) -> None:
         super().__init__()
         self.values = values
+        self.sizes = sizes
 
     def rewrite_var(self, node: rx.Var) -> rx.Expr:
         return self.values.get(id(node), node)
+
+    def rewrite_call(self, node: rx.Call, op: Op | rx.Expr, args: tuple[rx.Expr, ...]) -> rx.Expr:
+        if self.sizes and node.attrs is not None:
+            bound = node.attrs.with_sizes(self.sizes)
+            if bound is not node.attrs:
+                return rx.Call(op, args, bound, span=node.span)
+        return super().rewrite_call(node, op, args)
 
 
 def bind_params(func: rx.Function, params: Mapping[str, Any]) -> rx.Function:
@@ -200,6 +211,7 @@ class _GraphBuilder:
 
     def build(self, func: rx.Function) -> Graph:
         self.slots, self.launches, self.constants = [], [], {}  # a graph of its own; the kernels are shared
+        checks = size_checks(func)  # first: a slice that no size fits is named before its kernel compiles
         calls = sum(isinstance(n, rx.Call) for n in post_order(func.body, leaf=lambda n: isinstance(n, rx.Function)))
         done = 0
 
@@ -217,10 +229,37 @@ class _GraphBuilder:
         for s in outputs:
             if self.slots[s].kind == "temp":
                 self.slots[s] = Slot(self.slots[s].shape, self.slots[s].dtype, "output", self.slots[s].name)
-        graph = Graph(self.slots, self.launches, inputs, list(outputs), self.constants)
+        graph = Graph(self.slots, self.launches, inputs, list(outputs), self.constants, checks=checks)
         if not graph.symbols:  # a graph of symbolic shapes is planned per size, when it runs
             graph.plan_memory()
         return graph
+
+
+def size_checks(func: rx.Function) -> list[tuple[Dim, Dim, str]]:
+    """What the calls of `func` (in fused functions too) assume of its sizes (each op's `FSizeCheck`), as
+    `small <= large` pairs the executor checks once it knows the sizes; those that hold at any size are
+    left out.
+
+    Raises:
+        BuildError: an assumption that holds at no size (a slice past a static end).
+    """
+    out: dict[tuple[Dim, Dim], str] = {}
+    for node in post_order(func.body):
+        if not isinstance(node, rx.Call) or not isinstance(node.op, Op):
+            continue
+        check = node.op.get_attr(attr.FSizeCheck)
+        if check is None:
+            continue
+        for small, large, what in check(node.attrs, [a.checked_type for a in node.args]):
+            gap = dim_add(large, dim_mul(small, -1))
+            if isinstance(gap, int) and gap < 0:
+                raise BuildError(f"{_made_by(node)}: {what} needs {small} <= {large}, which no size makes true")
+            terms = gap.terms if isinstance(gap, SumDim) else (gap,) if isinstance(gap, SymDim) else ()
+            if isinstance(gap, int) or (all(t.coeff > 0 for t in terms) and (
+                    not isinstance(gap, SumDim) or gap.const >= 0)):
+                continue  # holds for every size >= 0
+            out.setdefault((small, large), f"{_made_by(node)}: {what}")
+    return [(small, large, what) for (small, large), what in out.items()]
 
 
 _COMPILE_THREADS = min(4, detect.host_cpu().num_cores)  # as many as the code generator has compiler children
@@ -372,7 +411,7 @@ def specialize_sizes(func: rx.Function, sizes: Mapping[str, int]) -> rx.Function
             params.append(new)
         else:
             params.append(p)
-    out = infer_type(rx.Function(params, _Bind(values).visit(func.body)))
+    out = infer_type(rx.Function(params, _Bind(values, sizes).visit(func.body)))
     assert isinstance(out, rx.Function)
     return out
 

@@ -285,17 +285,17 @@ def _gemm(node: OnnxNode) -> Expr:
             c = relay.multiply(c, _fconst(node, c, beta))
         out = relay.add(out, c if a is matrix else relay.reshape(c, [-1]) if node.ndim(c) == 2 else c)
     if a is not matrix:
-        out = relay.reshape(out, [node.static_shape(matrix)[0], node.static_shape(b)[0]], allowzero=True)
+        out = relay.reshape(out, [node.shape(matrix)[0], node.shape(b)[0]], allowzero=True)
     return out
 
 
 def _flattened(node: OnnxNode, a: Expr) -> Expr | None:
-    """x when `a` is reshape(x, (M, K)) of an x (..., K) of rank 3 or more with static dims, else None."""
+    """x when `a` is reshape(x, (M, K)) of an x (..., K) of rank 3 or more (static K), else None."""
     if not (isinstance(a, relay.Call) and a.op is Op.get("reshape")):
         return None
     x = a.args[0]
     shape = node.shape(x)
-    if len(shape) < 3 or not all(isinstance(d, int) for d in shape) or shape[-1] != node.shape(a)[-1]:
+    if len(shape) < 3 or not isinstance(shape[-1], int) or shape[-1] != node.shape(a)[-1]:
         return None
     return x
 

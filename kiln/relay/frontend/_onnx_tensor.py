@@ -25,7 +25,7 @@ import numpy as np
 
 from kiln import relay
 from kiln.ir.dtype import DataType
-from kiln.ir.types import Dim
+from kiln.ir.types import ANY, Dim
 from kiln.registry import Op
 from kiln.relay.expr import Constant, Expr, TupleGetItem
 from kiln.relay.frontend.onnx import OnnxNode, onnx_converter, onnx_dtype
@@ -63,6 +63,15 @@ def _required_ints(node: OnnxNode, i: int, what: str, rank: int | None = 1) -> l
     return _int_values(node, i, what, rank) or []
 
 
+def _dim_values(node: OnnxNode, i: int, what: str) -> list[Any]:
+    """The values of input `i` as dims: computed from symbolic shapes (`_onnx_symbolic`: ints and sizes such
+    as `s`), else constant ints."""
+    symbolic = node.symbolic_value(i)
+    if symbolic is not None and symbolic.ndim == 1:
+        return [int(d) if isinstance(d, (int, np.integer)) else d for d in symbolic]
+    return _required_ints(node, i, what)
+
+
 def _ints_attr(node: OnnxNode, name: str) -> list[int]:
     """The required list-of-ints attribute `name` (an error naming the node when it is missing)."""
     return node.ints_attr(name) or []
@@ -79,29 +88,25 @@ def _static(dims: Sequence[Dim]) -> list[int] | None:
 # ---------------------------------------------------------------------------
 
 
-def _reshape(node: OnnxNode, shape: list[int], allowzero: bool) -> Expr:
-    if any(v < -1 for v in shape) or shape.count(-1) > 1:
+def _reshape(node: OnnxNode, shape: list[Any], allowzero: bool) -> Expr:
+    if any(isinstance(v, int) and v < -1 for v in shape) or shape.count(-1) > 1:
         raise node.error(f"shape {shape} may hold at most one -1 and no other negative value")
     if allowzero and 0 in shape and -1 in shape:
         raise node.error(f"shape {shape} holds both 0 and -1, which allowzero=1 forbids")
     x = node.input(0)
     out = relay.reshape(x, shape, allowzero=allowzero)
-    if not _is_static(node.shape(out)):
+    if ANY in node.shape(out):
         return out
     # a reshape of a reshape is one reshape of the first one's input, and a reshape to the shape it has is
     # nothing: exporters wrap 2-D Gemms in reshapes (x (1, S, K) -> (S, K) -> Gemm -> (1, S, N)), which
     # the Gemm converter then leaves around an N-D product whose epilogue (bias, GELU) can fuse
-    if isinstance(x, relay.Call) and x.op is _RESHAPE and _is_static(node.shape(x.args[0])):
+    if isinstance(x, relay.Call) and x.op is _RESHAPE and ANY not in node.shape(x.args[0]):
         x = x.args[0]
-        out = relay.reshape(x, list(node.static_shape(out)), allowzero=True)
+        out = relay.reshape(x, list(node.shape(out)), allowzero=True)
     return x if tuple(node.shape(x)) == tuple(node.shape(out)) else out
 
 
 _RESHAPE = Op.get("reshape")
-
-
-def _is_static(shape: Sequence[Dim]) -> bool:
-    return all(isinstance(d, int) for d in shape)
 
 
 @onnx_converter("Reshape", since=1)
@@ -120,19 +125,10 @@ def _reshape_v5(node: OnnxNode) -> Expr:
 
 def _reshape_symbolic(node: OnnxNode, dims: list[Any], allowzero: bool) -> Expr:
     """A reshape to a shape computed from symbolic dims (`x.view(x.size(0), x.size(1), 12, 64)`): each dim
-    the input has at the same place is kept (0), one other symbolic dim is inferred (-1)."""
+    the input has at the same place is kept (0), the others are written as they are (`n`, `2*s`, 64)."""
     have = node.shape(0)
-    shape: list[int] = []
-    for i, d in enumerate(dims):
-        if isinstance(d, (int, np.integer)):
-            shape.append(int(d))
-        elif not allowzero and i < len(have) and have[i] == d:
-            shape.append(0)
-        else:
-            shape.append(-1)
-    if shape.count(-1) > 1:
-        raise node.error(f"a shape of symbolic dims {[str(d) for d in dims]} that kiln cannot write as a "
-                         "reshape (one dim to infer at most); give the input static dims (shape=)")
+    shape: list[Any] = [0 if not allowzero and i < len(have) and have[i] == d and not isinstance(d, int) else d
+                        for i, d in enumerate(int(d) if isinstance(d, np.integer) else d for d in dims)]
     out = _reshape(node, shape, allowzero=allowzero)
     got = node.shape(out)
     if any(not isinstance(d, (int, np.integer)) and g != d for d, g in zip(dims, got, strict=True)):
@@ -305,7 +301,7 @@ def _slice_bounds(start: int, end: int, step: int, dim: int) -> tuple[int, int]:
 
 
 def _slice(
-    node: OnnxNode, starts: list[int], ends: list[int], axes: list[int] | None, steps: list[int] | None
+    node: OnnxNode, starts: list[Any], ends: list[Any], axes: list[int] | None, steps: list[int] | None
 ) -> Expr:
     x = node.input(0)
     dims = node.shape(0)
@@ -320,14 +316,15 @@ def _slice(
         if s == 0:
             raise node.error(f"the step of axis {axis} is 0")
         dim = dims[axis]
-        if isinstance(dim, int):
+        if isinstance(dim, int) and isinstance(b, int) and isinstance(e, int):
             b, e = _slice_bounds(b, e, s, dim)
             if (b, e, s) == (0, dim, 1):
                 continue  # the whole axis
         elif s < 0:
-            raise node.error(f"axis {axis} has the symbolic size {dim}; a negative step needs a static size")
+            raise node.error(f"axis {axis} is sliced [{b}:{e}] of a dim of {dim}; a negative step needs static "
+                             "sizes and bounds")
         begin.append(b)
-        end.append(min(e, _TO_END))
+        end.append(min(e, _TO_END) if isinstance(e, int) else e)
         strides.append(s)
         sliced.append(axis)
     if not sliced:
@@ -345,8 +342,8 @@ def _slice_v1(node: OnnxNode) -> Expr:
 def _slice_v10(node: OnnxNode) -> Expr:
     return _slice(
         node,
-        _required_ints(node, 1, "starts"),
-        _required_ints(node, 2, "ends"),
+        _dim_values(node, 1, "starts"),
+        _dim_values(node, 2, "ends"),
         _int_values(node, 3, "axes"),
         _int_values(node, 4, "steps"),
     )
@@ -465,8 +462,8 @@ def _cast_like(node: OnnxNode) -> Expr:
 def _expand(node: OnnxNode) -> Expr:
     x = node.input(0)
     dims = list(node.shape(0))
-    shape = _required_ints(node, 1, "shape")
-    if any(s < 0 for s in shape):
+    shape = _dim_values(node, 1, "shape")
+    if any(isinstance(s, int) and s < 0 for s in shape):
         raise node.error(f"shape {shape} holds a negative dim")
     rank = max(len(dims), len(shape))
     full: list[Dim] = [1] * (rank - len(dims)) + dims
@@ -480,10 +477,7 @@ def _expand(node: OnnxNode) -> Expr:
         else:
             raise node.error(f"the input shape {tuple(dims)} does not broadcast with shape {shape}: "
                              f"dim {k} is {d} against {s}")
-    static = _static(out)
-    if static is None:
-        raise node.error(f"the output shape {tuple(str(d) for d in out)} is symbolic; give static input shapes")
-    return x if static == dims else relay.broadcast_to(x, static)
+    return x if out == dims else relay.broadcast_to(x, out)
 
 
 @onnx_converter("Tile", since=1)
@@ -602,6 +596,13 @@ def _constant_of_shape(node: OnnxNode) -> Expr:
 
 @onnx_converter("Range", since=11)
 def _range(node: OnnxNode) -> Expr:
+    symbolic = node.symbolic_value(1)
+    if symbolic is not None and symbolic.size == 1:  # torch.arange(x.size(1)): a range to a size
+        start, delta = node.scalar(0, "start"), node.scalar(2, "delta")
+        if not np.issubdtype(np.asarray(start).dtype, np.integer) or int(delta) != 1:
+            raise node.error(f"a range to the size {symbolic.item()} needs an integer start and delta 1, found "
+                             f"start {start} and delta {delta}")
+        return relay.arange(int(start), symbolic.item(), 1, dtype=node.dtype(node.input(0)))
     start, limit, delta = (node.value(i, what) for i, what in enumerate(("start", "limit", "delta")))
     for i, v in enumerate((start, limit, delta)):
         if v.size != 1:

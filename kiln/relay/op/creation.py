@@ -10,7 +10,7 @@ The attrs of full, zeros and ones extend shape.py's `ShapeAttrs` (the output sha
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -19,7 +19,7 @@ import numpy as np
 from kiln import te
 from kiln.ir.attrs import Attrs, FieldError, float_value, to_dtype
 from kiln.ir.dtype import DataType
-from kiln.ir.types import TensorType, Type
+from kiln.ir.types import Dim, SumDim, SymDim, TensorType, Type, dim_add, dim_subst, parse_dim
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call, const
 from kiln.relay.op._grad import collapse_sum_to
@@ -217,27 +217,49 @@ def _nonzero_number(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
         raise FieldError(field.name, "a non-zero number", value)
 
 
+def _stop(value: Any) -> Any:
+    """Converter: a size as the text format writes it ("n") becomes a symbolic dim."""
+    return parse_dim(value) if isinstance(value, str) else value
+
+
+def _stop_value(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, SymDim | SumDim):
+        float_value(_, field, value)
+
+
 @attrs.frozen
 class ArangeAttrs(Attrs):
     """The range of arange: start, start + step, ... up to but not including stop."""
 
     start: float = attrs.field(validator=float_value, metadata={"doc": "the first value"})
-    stop: float = attrs.field(validator=float_value, metadata={"doc": "the end (excluded)"})
+    stop: float | Dim = attrs.field(converter=_stop, validator=_stop_value,
+                                    metadata={"doc": "the end (excluded): a number, or a size such as n"})
     step: float = attrs.field(default=1, validator=_nonzero_number, metadata={"doc": "the spacing (non-zero)"})
     dtype: DataType = attrs.field(default=_F32, converter=to_dtype, metadata={"doc": "the output dtype"})
 
     @property
-    def length(self) -> int:
-        """How many values the range holds: max(0, ceil((stop - start) / step))."""
+    def length(self) -> Dim:
+        """How many values the range holds: max(0, ceil((stop - start) / step)); stop - start for a
+        symbolic stop (unit step, integer start: the relation checks)."""
+        if not isinstance(self.stop, int | float):
+            return dim_add(self.stop, -int(self.start))
         n = math.ceil((self.stop - self.start) / self.step)
         return n if n > 0 else 0
 
+    def with_sizes(self, sizes: Mapping[str, int]) -> ArangeAttrs:
+        stop = self.stop
+        return attrs.evolve(self, stop=dim_subst(stop, sizes)) if isinstance(stop, SymDim | SumDim) else self
+
 
 def _arange_rel(arg_types: list[Type], attrs: ArangeAttrs) -> Type:
+    if isinstance(attrs.stop, SymDim | SumDim) and (attrs.step != 1 or attrs.start != int(attrs.start)):
+        raise RelationError(f"a range to the size {attrs.stop} needs an integer start and step 1, found start "
+                            f"{attrs.start} and step {attrs.step}")
     return TensorType((attrs.length,), attrs.dtype)
 
 
 def _arange_ref(attrs: ArangeAttrs) -> Array:
+    assert isinstance(attrs.length, int)
     # start + i * step, then cast: TVM's definition (numpy.arange differs for int dtypes with float starts)
     return (attrs.start + np.arange(attrs.length, dtype=np.float64) * attrs.step).astype(attrs.dtype.numpy())
 
@@ -249,7 +271,7 @@ def _arange_compute(attrs: ArangeAttrs, inputs: list[te.Tensor], out_type: Type)
     def element(i: tx.PrimExpr) -> tx.PrimExpr:
         return te.cast(start + te.cast(i, "float64") * step, dtype)
 
-    return [te.compute(static_shape(out_type), element, name="arange")]
+    return [te.compute(shape_dims(out_type), element, name="arange")]
 
 
 (register_op("arange").describe("evenly spaced values start, start + step, ... up to stop (excluded)")
@@ -257,12 +279,17 @@ def _arange_compute(attrs: ArangeAttrs, inputs: list[te.Tensor], out_type: Type)
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.OPAQUE)
     .set_attr(attr.FReference, _arange_ref)
     .set_attr(attr.FCompute, _arange_compute)
+    .set_attr(attr.FSizeCheck, lambda attrs, arg_types: [(int(attrs.start), attrs.stop, "the range's end")]
+              if isinstance(attrs.stop, SymDim | SumDim) else [])
     .set_attr(attr.FPrimalGradient, lambda call, grad: []))  # no arguments, nothing to differentiate
 
 
 @constructor("arange")
-def arange(start: float, stop: float | None = None, step: float = 1, dtype: Any = "float32") -> Call:
-    """Values `start, start + step, ...` up to `stop` (excluded) as `dtype`; `arange(n)` is `arange(0, n)`."""
+def arange(start: float | Dim, stop: float | Dim | None = None, step: float = 1, dtype: Any = "float32") -> Call:
+    """Values `start, start + step, ...` up to `stop` (excluded) as `dtype`; `arange(n)` is `arange(0, n)`.
+
+    `stop` may be a size (`SizeVar("s")`), with an integer start and step 1: the range's length is then
+    `s - start`."""
     if stop is None:
         start, stop = 0, start
     return call("arange", [], ArangeAttrs.make("arange", start=start, stop=stop, step=step, dtype=dtype))

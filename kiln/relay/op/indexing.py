@@ -29,14 +29,16 @@ from kiln import te
 from kiln.ir.attrs import (
     Attrs,
     FieldError,
+    dims,
     int_range,
     int_tuple,
     one_of,
     optional,
+    to_dims,
     to_int_tuple,
     to_opt_int_tuple,
 )
-from kiln.ir.types import ANY, Dim, TensorType, TupleType, Type, dim_add, dim_div
+from kiln.ir.types import ANY, Dim, TensorType, TupleType, Type, dim_add, dim_div, dim_mul
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op import indexing_grad
@@ -44,6 +46,7 @@ from kiln.relay.op._nn_util import DimExpr, shape_dims, te_dims
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, shape_relation, tensor_args
 from kiln.tir import expr as tx
+from kiln.tir.dims import expr_dim
 
 Array = np.ndarray[Any, Any]
 Shape = tuple[Dim, ...]
@@ -221,11 +224,11 @@ def _nonzero_ints(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
 class StridedSliceAttrs(Attrs):
     """numpy slicing, `data[begin:end:stride]` per axis (negative indices count from the end; clamped)."""
 
-    begin: tuple[int, ...] = attrs.field(
-        converter=to_int_tuple, validator=int_tuple(), metadata={"doc": "the first index per axis"}
+    begin: tuple[Dim, ...] = attrs.field(
+        converter=to_dims, validator=dims(), metadata={"doc": "the first index per axis (an int or a size)"}
     )
-    end: tuple[int, ...] = attrs.field(
-        converter=to_int_tuple, validator=int_tuple(), metadata={"doc": "one past the last index per axis"}
+    end: tuple[Dim, ...] = attrs.field(
+        converter=to_dims, validator=dims(), metadata={"doc": "one past the last index per axis (an int or a size)"}
     )
     strides: tuple[int, ...] | None = attrs.field(
         default=None, converter=to_opt_int_tuple, validator=optional(_nonzero_ints),
@@ -245,7 +248,7 @@ class StridedSliceAttrs(Attrs):
         if self.axes is not None and len(self.axes) != k:
             raise FieldError("axes", f"a list of {k} ints (as many as begin)", self.axes)
 
-    def slices(self, ndim: int) -> list[tuple[int, int, int, int]]:
+    def slices(self, ndim: int) -> list[tuple[int, Dim, Dim, int]]:
         """(axis, begin, end, stride) per sliced axis of a rank-`ndim` tensor; RelationError for bad axes."""
         k = len(self.begin)
         if self.axes is None and k > ndim:
@@ -255,17 +258,40 @@ class StridedSliceAttrs(Attrs):
         return list(zip(axes, self.begin, self.end, strides, strict=True))
 
 
-def _slice_dim(dim: Dim, begin: int, end: int, stride: int) -> Dim:
-    if isinstance(dim, int):
-        return len(range(dim)[begin:end:stride])
-    return dim if (stride, begin) == (1, 0) and end >= _END_OF_AXIS else ANY
+def _bounds(dim: Dim, begin: Dim, end: Dim, stride: int) -> tuple[Dim, Dim, int]:
+    """(first index, length, step) of a slice of an axis: numpy's (clamped) where all are ints. Where the dim
+    or a bound is symbolic (unit stride only), negative ints count from the end and an end past
+    `_END_OF_AXIS` is the dim, unclamped: 0 <= first <= end <= dim is checked at run time instead."""
+    if isinstance(dim, int) and isinstance(begin, int) and isinstance(end, int):
+        r = range(dim)[begin:end:stride]
+        return r.start, len(r), r.step
+    if stride != 1 or ANY in (dim, begin, end):
+        return 0, ANY, stride
+    first, stop = (v if not isinstance(v, int) else dim if v >= _END_OF_AXIS else dim_add(dim, v) if v < 0 else v
+                   for v in (begin, end))
+    length = dim_add(stop, dim_mul(first, -1))
+    if isinstance(length, int) and length < 0:
+        raise RelationError(f"the slice [{first}:{stop}] of an axis of size {dim} ends before it starts", arg=0)
+    return first, length, 1
 
 
 def _strided_slice_shape(shapes: list[Shape], attrs: StridedSliceAttrs) -> Shape:
     out = list(shapes[0])
     for axis, begin, end, stride in attrs.slices(len(out)):
-        out[axis] = _slice_dim(out[axis], begin, end, stride)
+        out[axis] = _bounds(out[axis], begin, end, stride)[1]
     return tuple(out)
+
+
+def _strided_slice_checks(attrs: StridedSliceAttrs, arg_types: list[Type]) -> list[tuple[Dim, Dim, str]]:
+    assert isinstance(arg_types[0], TensorType)
+    shape, checks = arg_types[0].shape, []
+    for axis, begin, end, stride in attrs.slices(len(shape)):
+        first, length, _ = _bounds(shape[axis], begin, end, stride)
+        if not all(isinstance(v, int) for v in (shape[axis], begin, end)) and length != ANY:
+            stop = dim_add(first, length)
+            what = f"the slice [{first}:{stop}] of axis {axis}, of size {shape[axis]}"
+            checks += [(0, first, what), (first, stop, what), (stop, shape[axis], what)]
+    return checks
 
 
 def _strided_slice_ref(attrs: StridedSliceAttrs, x: Array) -> Array:
@@ -278,13 +304,18 @@ def _strided_slice_ref(attrs: StridedSliceAttrs, x: Array) -> Array:
 def _strided_slice_compute(attrs: StridedSliceAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x, shape = inputs[0], shape_dims(out_type)
     dims = te_dims(x)
-    # Python's range slicing is numpy's: the first index and the step of each sliced axis (a symbolic axis
-    # has a symbolic output dim only when it is taken whole, which the relation checks)
-    picked = {axis: range(d)[begin:end:stride] for axis, begin, end, stride in attrs.slices(x.ndim)
-              if isinstance(d := dims[axis], int)}
+    # Python's range slicing is numpy's: the first index and the step of each static sliced axis; a slice
+    # with a symbolic dim or bound has unit stride (the relation says so) and starts at its first index
+    picked: dict[int, tuple[DimExpr, int]] = {}
+    for axis, begin, end, stride in attrs.slices(x.ndim):
+        d = dims[axis]
+        dim = d if isinstance(d, int) else expr_dim(d)
+        assert dim is not None
+        first, _, step = _bounds(dim, begin, end, stride)
+        picked[axis] = (first if isinstance(first, int) else te.as_index(first), step)  # type: ignore[arg-type]
 
     def element(*i: tx.PrimExpr) -> tx.PrimExpr:
-        return x[tuple(i[a] * picked[a].step + picked[a].start if a in picked else i[a] for a in range(x.ndim))]
+        return x[tuple(i[a] * picked[a][1] + picked[a][0] if a in picked else i[a] for a in range(x.ndim))]
 
     return [te.compute(shape, element, name="strided_slice")]
 
@@ -297,6 +328,7 @@ def _strided_slice_compute(attrs: StridedSliceAttrs, inputs: list[te.Tensor], ou
     .set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _strided_slice_ref)
     .set_attr(attr.FCompute, _strided_slice_compute)
+    .set_attr(attr.FSizeCheck, _strided_slice_checks)
     .set_attr(attr.FPrimalGradient, indexing_grad.strided_slice_grad))
 
 

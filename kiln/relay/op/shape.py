@@ -27,9 +27,11 @@ from kiln.ir.attrs import (
     Attrs,
     FieldError,
     bool_value,
+    dims,
     int_range,
     int_tuple,
     optional,
+    to_dims,
     to_int_tuple,
     to_opt_int_tuple,
 )
@@ -273,8 +275,9 @@ def _reshape_compute(attrs: Any, inputs: list[te.Tensor], out_type: Type) -> lis
 class ReshapeAttrs(Attrs):
     """The new shape of reshape: 0 copies the input dim at that position (a size 0 with allowzero), -1 is inferred."""
 
-    newshape: tuple[int, ...] = attrs.field(
-        converter=to_int_tuple, validator=int_tuple(lo=-1), metadata={"doc": "the new shape (0: copy, -1: infer)"}
+    newshape: tuple[Dim, ...] = attrs.field(
+        converter=to_dims, validator=dims(lo=-1),
+        metadata={"doc": "the new shape (0: copy, -1: infer, a size such as n: that size)"}
     )
     allowzero: bool = attrs.field(
         default=False, validator=bool_value,
@@ -315,8 +318,8 @@ def _reshape_shape(shapes: list[Shape], attrs: ReshapeAttrs) -> Shape:
         if inferred is None:
             raise mismatch
         out[infer_at] = inferred
-    elif isinstance(total, int) and isinstance(known, int) and total != known:
-        raise mismatch
+    elif total != known and ANY not in (total, known):
+        raise mismatch  # sums and products of sizes are canonical: unequal here, unequal at some size
     return tuple(out)
 
 
@@ -335,8 +338,10 @@ def _reshape_ref(attrs: ReshapeAttrs, x: Array) -> Array:
 
 
 @constructor("reshape")
-def reshape(data: Expr, newshape: int | Sequence[int], allowzero: bool = False) -> Call:
+def reshape(data: Expr, newshape: int | Sequence[Dim | str], allowzero: bool = False) -> Call:
     """`data` in shape `newshape`, where a 0 copies the input dim at that position and one -1 is inferred.
+
+    A dim may be symbolic (`SizeVar("n")`, or the text "n", "2*n"): a size of the input's shape.
 
     With `allowzero` a 0 is a dim of size 0 (ONNX's Reshape with allowzero=1), and no -1 may come with it.
     """
@@ -645,10 +650,10 @@ def stack(data: Expr | Sequence[Expr], axis: int = 0) -> Call:
 
 @attrs.frozen
 class ShapeAttrs(Attrs):
-    """A static output shape (broadcast_to; the base of the creation ops' attrs)."""
+    """An output shape (broadcast_to; the base of the creation ops' attrs): ints, or sizes such as n."""
 
-    shape: tuple[int, ...] = attrs.field(
-        converter=to_int_tuple, validator=int_tuple(lo=0), metadata={"doc": "the output shape"}
+    shape: tuple[Dim, ...] = attrs.field(
+        converter=to_dims, validator=dims(lo=0), metadata={"doc": "the output shape"}
     )
 
 
@@ -656,7 +661,7 @@ def _broadcast_to_shape(shapes: list[Shape], attrs: ShapeAttrs) -> Shape:
     shape, target = shapes[0], attrs.shape
     problem = f"rank {len(shape)} is above {len(target)}" if len(shape) > len(target) else None
     for k, (d, t) in enumerate(zip(shape[::-1], target[::-1], strict=False)):
-        if problem is None and isinstance(d, int) and d not in (1, t):
+        if problem is None and isinstance(d, int) and isinstance(t, int) and d not in (1, t):
             problem = f"dim {len(shape) - 1 - k} is {d} against {t}"
     if problem:
         raise RelationError(f"shape {_shape_str(shape)} does not broadcast to {_shape_str(target)}: {problem}", arg=0)
@@ -664,8 +669,8 @@ def _broadcast_to_shape(shapes: list[Shape], attrs: ShapeAttrs) -> Shape:
 
 
 def _broadcast_to_compute(attrs: ShapeAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
-    x, shape = inputs[0], static_shape(out_type)
-    dims = te_dims(x)  # a symbolic dim equals its target dim (or is 1, which the data must not be)
+    x, shape = inputs[0], shape_dims(out_type)
+    dims = te_dims(x)  # a symbolic dim equals its target dim (the relation says so)
     lead = len(shape) - len(dims)
 
     def element(*i: tx.PrimExpr) -> tx.PrimExpr:
@@ -674,18 +679,31 @@ def _broadcast_to_compute(attrs: ShapeAttrs, inputs: list[te.Tensor], out_type: 
     return [te.compute(shape, element, name="broadcast_to")]
 
 
+def _broadcast_to_checks(attrs: ShapeAttrs, arg_types: list[Type]) -> list[tuple[Dim, Dim, str]]:
+    """A dim of the data that is not 1 equals its target dim: `n` broadcast to 4 needs n = 4."""
+    assert isinstance(arg_types[0], TensorType)
+    shape, target = arg_types[0].shape, attrs.shape
+    out = []
+    for k, (d, t) in enumerate(zip(shape[::-1], target[::-1], strict=False)):
+        if d not in (1, t) and not (isinstance(d, int) and isinstance(t, int)):
+            what = f"broadcasting dim {len(shape) - 1 - k} of the data ({d}) to {t}"
+            out += [(d, t, what), (t, d, what)]
+    return out
+
+
 (register_op("broadcast_to").describe("the input broadcast (numpy rules) to a given shape")
     .add_argument(*_DATA).set_attrs_type(ShapeAttrs)
     .add_type_rel("BroadcastTo", shape_relation(_broadcast_to_shape))
     .set_support_level(4).set_attr(attr.TOpPattern, OpPattern.BROADCAST)
     .set_attr(attr.FReference, lambda attrs, x: np.array(np.broadcast_to(x, attrs.shape)))
     .set_attr(attr.FCompute, _broadcast_to_compute)
+    .set_attr(attr.FSizeCheck, _broadcast_to_checks)
     .set_attr(attr.FPrimalGradient, _broadcast_to_grad))
 
 
 @constructor("broadcast_to")
-def broadcast_to(data: Expr, shape: Sequence[int]) -> Call:
-    """`data` broadcast to `shape` with numpy's rules."""
+def broadcast_to(data: Expr, shape: Sequence[Dim | str]) -> Call:
+    """`data` broadcast to `shape` with numpy's rules (a dim may be a size, such as n)."""
     return call("broadcast_to", [data], ShapeAttrs.make("broadcast_to", shape=shape))
 
 

@@ -61,11 +61,18 @@ def _as_expr(value: Any, t: Type, span: Any) -> Expr | None:
     return None
 
 
+def _is_static(t: Type) -> bool:
+    if isinstance(t, TupleType):
+        return all(_is_static(f) for f in t.fields)
+    return not isinstance(t, TensorType) or t.is_static
+
+
 def fold_call(call: Call, args: tuple[Expr, ...]) -> Expr | None:
     """`call` (typed) evaluated on `args`: a Constant (or Tuple of them) of its type, or None.
 
     None when an argument is not constant, the op is stateful or has no
-    reference, or the reference's result does not fit the call's type.
+    reference, the call's type has symbolic dims, or the reference's result
+    does not fit the call's type.
     """
     op = call.op
     if (
@@ -74,6 +81,7 @@ def fold_call(call: Call, args: tuple[Expr, ...]) -> Expr | None:
         or is_stateful(op)
         or op.get_attr(attr.FReference) is None
         or not call.has_type
+        or not _is_static(call.checked_type)  # constants in, a shape of sizes out: a slice to `s`
     ):
         return None
     value = run_op(op, call.attrs, [_value_of(a) for a in args], call)
