@@ -28,12 +28,15 @@ from kiln.testing import models
 
 
 def _times(runs: dict[str, Callable[[], Any]], repeat: int, rounds: int) -> dict[str, list[float]]:
-    """Seconds per call of each run, `repeat` calls per round, the runs taking turns each round."""
+    """Seconds per call of each run, `repeat` calls per round, the runs taking turns each round (in an order
+    rotated each round: the first run of a round meets caches and idle threads the last one left)."""
     out: dict[str, list[float]] = {name: [] for name in runs}
     for fn in runs.values():
         fn()
-    for _ in range(rounds):
-        for name, fn in runs.items():
+    names = list(runs)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            fn = runs[name]
             start = time.perf_counter()
             for _ in range(repeat):
                 fn()

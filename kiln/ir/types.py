@@ -3,9 +3,11 @@
 A dim is an `int`, a `SymDim` (an integer times a product of size variables,
 such as `n` or `3*n`; `SizeVar("n")` makes one), a `SumDim` (a sum of those and
 an int: `n + 3`, `p + s`), or `ANY` (unknown until run time). Sums, products and
-exact quotients of dims stay symbolic, so `reshape` of `(n, 12)` to `(-1, 4)`
-has the type `(3*n, 4)` and a concatenation of `(p, 8)` and `(s, 8)` is
-`(p + s, 8)`; an inexact quotient (`(n + 1) // 2`) is `ANY`.
+quotients of dims stay symbolic, so `reshape` of `(n, 12)` to `(-1, 4)` has the
+type `(3*n, 4)`, a concatenation of `(p, 8)` and `(s, 8)` is `(p + s, 8)`, and
+every second row of `(s, 8)` is `(floordiv(s + 1, 2), 8)`: a floor quotient that no
+term divides exactly is a `Quot`, which a monomial holds as a factor as it
+holds a size variable.
 """
 
 from __future__ import annotations
@@ -25,16 +27,39 @@ from kiln.ir.dtype import DataType
 
 
 @attrs.frozen(repr=False)
+class Quot:
+    """`num // den` (floor): a factor of a dim such as `floordiv(n + 1, 2)`, for a `num` that `den` does not divide
+    term by term (`dim_floordiv` keeps it canonical: each coefficient of `num` is in [0, den))."""
+
+    num: SymDim | SumDim
+    den: int  # >= 2
+
+    def __str__(self) -> str:
+        return f"floordiv({self.num}, {self.den})"  # as TVM writes it (relay text reads // as a comment)
+
+
+Factor = str | Quot  # a size variable's name, or a quotient
+
+
+def _factor_key(f: tuple[Factor, int]) -> tuple[bool, str, int]:
+    return isinstance(f[0], Quot), str(f[0]), f[1]
+
+
+def _sorted_factors(powers: dict[Factor, int]) -> tuple[tuple[Factor, int], ...]:
+    return tuple(sorted(((n, p) for n, p in powers.items() if p), key=_factor_key))
+
+
+@attrs.frozen(repr=False)
 class SymDim:
-    """`coeff * v1^p1 * v2^p2 ...`: a dim known up to the size variables in it."""
+    """`coeff * v1^p1 * v2^p2 ...`: a dim known up to the size variables (and quotients) in it."""
 
     coeff: int
-    factors: tuple[tuple[str, int], ...]  # sorted (name, power), power >= 1
+    factors: tuple[tuple[Factor, int], ...]  # sorted (name or quotient, power), power >= 1
 
     def __str__(self) -> str:
         parts = [] if self.coeff == 1 and self.factors else [str(self.coeff)]
         for name, power in self.factors:
-            parts.extend([name] * power)
+            parts.extend([str(name)] * power)
         return "*".join(parts)
 
     def __repr__(self) -> str:
@@ -50,6 +75,8 @@ class SymDim:
     __rmul__ = __mul__
 
     def __floordiv__(self, other: object) -> Dim:
+        if isinstance(other, int) and not isinstance(other, bool) and other > 0:
+            return dim_floordiv(self, other)
         if not isinstance(other, (int, SymDim)) or isinstance(other, bool):
             return NotImplemented
         return _exact(dim_div(self, other), self, "//", other)
@@ -122,6 +149,11 @@ class SumDim:
 
     __rmul__ = __mul__
 
+    def __floordiv__(self, other: object) -> Dim:
+        if not isinstance(other, int) or isinstance(other, bool) or other <= 0:
+            return NotImplemented
+        return dim_floordiv(self, other)
+
 
 Dim = int | SymDim | SumDim | AnyDim
 
@@ -135,19 +167,29 @@ def SizeVar(name: str) -> SymDim:
     return SymDim(1, ((name, 1),))
 
 
-def _make(coeff: int, powers: dict[str, int]) -> Dim:
-    factors = tuple(sorted((n, p) for n, p in powers.items() if p))
+def _is_name(d: Dim) -> bool:
+    return isinstance(d, SymDim) and d.coeff == 1 and len(d.factors) == 1 and d.factors[0][1] == 1 and \
+        isinstance(d.factors[0][0], str)
+
+
+def size_name(d: Dim) -> str | None:
+    """The name of `d` when it is one size variable itself (`n`; not `2*n`, `n*s` or `floordiv(n, 2)`), else None."""
+    return d.factors[0][0] if _is_name(d) else None  # type: ignore[union-attr,return-value]
+
+
+def _make(coeff: int, powers: dict[Factor, int]) -> Dim:
+    factors = _sorted_factors(powers)
     return coeff if not factors or coeff == 0 else SymDim(coeff, factors)
 
 
-def _split_dim(d: Dim) -> tuple[int, dict[str, int]]:
+def _split_dim(d: Dim) -> tuple[int, dict[Factor, int]]:
     if isinstance(d, int):
         return d, {}
     assert isinstance(d, SymDim)
     return d.coeff, dict(d.factors)
 
 
-Poly = dict[tuple[tuple[str, int], ...], int]  # factors -> coefficient; () holds the constant
+Poly = dict[tuple[tuple[Factor, int], ...], int]  # factors -> coefficient; () holds the constant
 
 
 def _poly(d: Dim) -> Poly:
@@ -162,7 +204,8 @@ def _poly(d: Dim) -> Poly:
 
 
 def _from_poly(poly: Poly) -> Dim:
-    terms = tuple(SymDim(c, f) for f, c in sorted(poly.items()) if f and c)
+    terms = tuple(SymDim(c, f) for f, c in sorted(poly.items(), key=lambda fc: [_factor_key(x) for x in fc[0]])
+                  if f and c)
     const = poly.get((), 0)
     if not terms:
         return const
@@ -180,7 +223,7 @@ def dim_mul(a: Dim, b: Dim) -> Dim:
                 powers = dict(fa)
                 for name, p in fb:
                     powers[name] = powers.get(name, 0) + p
-                key = tuple(sorted(powers.items()))
+                key = _sorted_factors(powers)
                 out[key] = out.get(key, 0) + ca * cb
         return _from_poly(out)
     ca, pa = _split_dim(a)
@@ -219,6 +262,27 @@ def dim_div(a: Dim, b: Dim) -> Dim | None:
     return _make(ca // cb, pa)
 
 
+def dim_floordiv(a: Dim, k: int) -> Dim:
+    """floor(a / k) for a dim `a` >= 0 and an int k >= 1: exact where k divides every term
+    (floor((2*n + 4) / 2) is `n + 2`), else the whole part and a `Quot` of the rest (floor((2*n + 3) / 2) is
+    `n + 1`, `floordiv(n + 1, 2)` stays itself)."""
+    if k < 1:
+        raise ValueError(f"a dim divides by an int >= 1, got {k}")
+    if isinstance(a, int):
+        return a // k
+    if isinstance(a, AnyDim) or k == 1:
+        return a
+    whole: Poly = {}
+    rest: Poly = {}
+    for f, c in _poly(a).items():
+        whole[f], rest[f] = divmod(c, k)
+    part, left = _from_poly(whole), _from_poly(rest)
+    if isinstance(left, int):
+        return dim_add(part, left // k)
+    assert isinstance(left, SymDim | SumDim)
+    return dim_add(part, SymDim(1, ((Quot(left, k), 1),)))
+
+
 def dim_add(a: Dim, b: Dim) -> Dim:
     """a + b: ints add, like monomials combine (n + 2*n = 3*n), others make a sum (`n + 1`, `p + s`)."""
     if isinstance(a, int) and isinstance(b, int):
@@ -247,11 +311,9 @@ def dim_prod(dims: Iterable[Dim]) -> Dim:
 
 def dim_names(d: Dim) -> tuple[str, ...]:
     """The size variables in `d` (none for an int or ANY), sorted."""
-    if isinstance(d, SymDim):
-        return tuple(name for name, _ in d.factors)
-    if isinstance(d, SumDim):
-        return tuple(sorted({name for t in d.terms for name, _ in t.factors}))
-    return ()
+    terms = d.terms if isinstance(d, SumDim) else (d,) if isinstance(d, SymDim) else ()
+    return tuple(sorted({name for t in terms for f, _ in t.factors
+                         for name in ((f,) if isinstance(f, str) else dim_names(f.num))}))
 
 
 def dim_value(d: Dim, env: Mapping[str, int]) -> int:
@@ -264,7 +326,7 @@ def dim_value(d: Dim, env: Mapping[str, int]) -> int:
         raise ValueError(f"dim {d} has no value")
     out = d.coeff
     for name, power in d.factors:
-        out *= env[name] ** power
+        out *= (env[name] if isinstance(name, str) else dim_value(name.num, env) // name.den) ** power
     return out
 
 
@@ -279,31 +341,73 @@ def dim_subst(d: Dim, env: Mapping[str, int]) -> Dim:
         return d
     out: Dim = d.coeff
     for name, power in d.factors:
+        value = (env.get(name, SizeVar(name)) if isinstance(name, str)
+                 else dim_floordiv(dim_subst(name.num, env), name.den))
         for _ in range(power):
-            out = dim_mul(out, env[name] if name in env else SizeVar(name))
+            out = dim_mul(out, value)
     return out
 
 
 def parse_dim(text: str) -> Dim:
-    """Reads a dim as `str(dim)` writes it: `3`, `n`, `2*n*m`, `p + s - 1`, `?`."""
+    """Reads a dim as `str(dim)` writes it: `3`, `n`, `2*n*m`, `p + s - 1`, `floordiv(n + 1, 2)`, `?`."""
     text = text.strip()
     if text == "?":
         return ANY
-    terms = re.split(r"\s*([+-])\s*", text)
-    terms = terms[1:] if not terms[0] and len(terms) > 1 else ["+", *terms]  # a leading sign, or none
-    total: Dim = 0
-    for sign, term in zip(terms[::2], terms[1::2], strict=True):
-        out: Dim = 1
-        for part in term.split("*"):
-            part = part.strip()
-            if part.isdigit():
-                out = dim_mul(out, int(part))
-            elif _NAME.fullmatch(part):
-                out = dim_mul(out, SizeVar(part))
-            else:
+    tokens: list[str] = re.findall(r"\d+|[A-Za-z_][A-Za-z0-9_]*|\S", text)
+    if "".join(tokens) != re.sub(r"\s+", "", text):
+        raise ValueError(f"not a dim: {text!r}")
+    pos = 0
+
+    def take(expect: str | None = None) -> str:
+        nonlocal pos
+        if pos >= len(tokens) or (expect is not None and tokens[pos] != expect):
+            raise ValueError(f"not a dim: {text!r}")
+        pos += 1
+        return tokens[pos - 1]
+
+    def atom() -> Dim:
+        tok = take()
+        if tok == "floordiv":
+            take("(")
+            num = total()
+            take(",")
+            den = take()
+            take(")")
+            if not den.isdigit() or int(den) < 1:
                 raise ValueError(f"not a dim: {text!r}")
-        total = dim_add(total, out if sign == "+" else dim_mul(out, -1))
-    return total
+            return dim_floordiv(num, int(den))
+        if tok == "(":
+            out = total()
+            take(")")
+            return out
+        if tok.isdigit():
+            return int(tok)
+        if _NAME.fullmatch(tok):
+            return SizeVar(tok)
+        raise ValueError(f"not a dim: {text!r}")
+
+    def term() -> Dim:
+        out = atom()
+        while pos < len(tokens) and tokens[pos] == "*":
+            take()
+            out = dim_mul(out, atom())
+        return out
+
+    def total() -> Dim:
+        sign = -1 if pos < len(tokens) and tokens[pos] == "-" and take() else 1
+        out = dim_mul(term(), sign)
+        while pos < len(tokens) and tokens[pos] in "+-":
+            sign = 1 if take() == "+" else -1
+            out = dim_add(out, dim_mul(term(), sign))
+        return out
+
+    try:
+        out = total()
+    except ValueError:
+        raise ValueError(f"not a dim: {text!r}") from None
+    if pos != len(tokens):
+        raise ValueError(f"not a dim: {text!r}")
+    return out
 
 
 def as_dim(value: object) -> Dim:

@@ -24,7 +24,7 @@ import numpy as np
 
 from kiln.errors import KilnError, did_you_mean
 from kiln.ir.module import IRModule
-from kiln.ir.types import SymDim, TensorType, TupleType, Type
+from kiln.ir.types import TensorType, TupleType, Type, size_name
 from kiln.registry import Op, attr
 from kiln.relay.expr import (
     Call,
@@ -190,8 +190,8 @@ class Interpreter:
             t = p.type_annotation or (p.checked_type if p.has_type else None)
             if isinstance(t, TensorType) and isinstance(a, np.ndarray):
                 for d, got in zip(t.shape, a.shape, strict=False):
-                    if isinstance(d, SymDim) and d.coeff == 1 and d.factors[0][1] == 1 and len(d.factors) == 1:
-                        self.sizes[d.factors[0][0]] = got
+                    if (name := size_name(d)) is not None:
+                        self.sizes[name] = got
 
     def _global(self, gvar: GlobalVar) -> Closure:
         if gvar not in self.mod:

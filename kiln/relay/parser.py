@@ -41,6 +41,7 @@ from kiln.ir.types import (
     Type,
     TypeVar,
     dim_add,
+    dim_floordiv,
     dim_mul,
 )
 from kiln.registry import Op
@@ -668,21 +669,21 @@ class _Parser:
         if self.peek().kind == "qmark":
             self.advance()
             return ANY
+        start = self.peek()
+        total = self._dim_sum()
+        if isinstance(total, int) and total < 0:
+            raise self.error(
+                f"expected a dim (an int >= 0, a size variable such as n, or ?), found {start.describe()}", start)
+        return total
+
+    def _dim_sum(self) -> Dim:
+        """`term (+|- term)*`, a term a product of ints, size variables and `floordiv(sum, int)`."""
         total: Dim = 0
         sign = 1
-        start = self.peek()
         while True:
             value: Dim = sign
             while True:
-                tok = self.advance()
-                if tok.kind == "number" and tok.text.lstrip("-").isdigit():
-                    value = dim_mul(value, int(tok.text))
-                elif tok.kind == "ident" and IDENT.fullmatch(tok.text):
-                    value = dim_mul(value, SizeVar(tok.text))
-                else:
-                    raise self.error(
-                        f"expected a dim (an int >= 0, a size variable such as n, or ?), found {tok.describe()}", tok
-                    )
+                value = dim_mul(value, self._dim_atom())
                 if not self.accept("*"):
                     break
             total = dim_add(total, value)
@@ -690,11 +691,26 @@ class _Parser:
                 sign = 1
             elif self.accept("-"):
                 sign = -1
-            elif isinstance(total, int) and total < 0:
-                raise self.error(
-                    f"expected a dim (an int >= 0, a size variable such as n, or ?), found {start.describe()}", start)
             else:
                 return total
+
+    def _dim_atom(self) -> Dim:
+        tok = self.advance()
+        if tok.kind == "number" and tok.text.lstrip("-").isdigit():
+            return int(tok.text)
+        if tok.kind == "ident" and tok.text == "floordiv" and self.at("("):
+            opener = self.expect("(", "after floordiv")
+            num = self._dim_sum()
+            self.expect(",", "between floordiv's dim and divisor")
+            den = self.advance()
+            if den.kind != "number" or not den.text.isdigit() or int(den.text) < 1:
+                raise self.error(f"expected floordiv's divisor (an int >= 1), found {den.describe()}", den)
+            self.expect(")", "after floordiv's divisor", opener)
+            return dim_floordiv(num, int(den.text))
+        if tok.kind == "ident" and IDENT.fullmatch(tok.text):
+            return SizeVar(tok.text)
+        raise self.error(
+            f"expected a dim (an int >= 0, a size variable such as n, or ?), found {tok.describe()}", tok)
 
     # --- metadata -------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir.types import Dim, SymDim, dim_names, dim_value
+from kiln.ir.types import Dim, SymDim, dim_names, dim_value, size_name
 from kiln.runtime.library import ExecutorError, Graph, Library, Slot
 from kiln.runtime.module import KernelMemoryError, numpy_dtype
 from kiln.runtime.profile import Profile, make_profile
@@ -382,10 +382,10 @@ class GraphExecutor:
                 if isinstance(d, int):
                     continue
                 here = f"{slot.name}.shape[{axis}]"
-                if not isinstance(d, SymDim) or d.coeff != 1 or d.factors[0][1] != 1 or len(d.factors) != 1:
+                name = size_name(d)
+                if name is None:
                     later.append((d, got, here))  # a product or sum of sizes: checked once they are known
                     continue
-                name = d.factors[0][0]
                 if name not in env:
                     env[name], where[name] = got, here
                 elif env[name] != got:
@@ -394,7 +394,7 @@ class GraphExecutor:
         for d, got, here in later:
             names = list(dim_names(d))
             free = [n for n in names if n not in env]
-            if isinstance(d, SymDim) and len(free) == 1 and len(d.factors) == 1 and d.factors[0][1] == 1:
+            if isinstance(d, SymDim) and len(free) == 1 and size_name(SymDim(1, d.factors)) is not None:
                 if got % d.coeff:
                     raise ExecutorError(f"input {here} is {got}, but its dim {d} is a multiple of {d.coeff}")
                 env[free[0]], where[free[0]] = got // d.coeff, here

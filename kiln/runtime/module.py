@@ -146,7 +146,7 @@ def bind_products(products: list[tuple[Param, int, PrimExpr, int]], bound: dict[
         dim = expr_dim(want)  # a Param keeps only the dims expr_dim reads
         assert dim is not None
         env = {v.name: bound[id(v)][0] for v in vs if id(v) in bound}
-        if isinstance(dim, SymDim) and len(free) == 1 and dict(dim.factors)[free[0].name] == 1:  # c * v * ...
+        if isinstance(dim, SymDim) and len(free) == 1 and dict(dim.factors).get(free[0].name) == 1:  # c * v * ...
             rest = dim_value(dim_subst(dim, {free[0].name: 1}), env)
             if rest and got % rest == 0:
                 bound[id(free[0])] = (got // rest, where)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kiln.ir.types import Dim, SizeVar, SumDim, SymDim, dim_add, dim_mul
+from kiln.ir.types import Dim, SizeVar, SumDim, SymDim, dim_add, dim_floordiv, dim_mul
 from kiln.tir import expr as tx
 
 
@@ -21,7 +21,8 @@ def dim_expr(d: Dim, var: Callable[[str], tx.Var]) -> tx.PrimExpr:
         return out + d.const if d.const else out
     if not isinstance(d, SymDim):
         raise ValueError(f"dim {d} has no expression")
-    factors = [var(name) for name, power in d.factors for _ in range(power)]
+    factors = [var(name) if isinstance(name, str) else dim_expr(name.num, var) // name.den
+               for name, power in d.factors for _ in range(power)]
     out = factors[0] if d.coeff == 1 else tx.const(d.coeff, "int32") * factors[0]
     for v in factors[1:]:
         out = out * v
@@ -29,11 +30,15 @@ def dim_expr(d: Dim, var: Callable[[str], tx.Var]) -> tx.PrimExpr:
 
 
 def expr_dim(e: tx.PrimExpr) -> Dim | None:
-    """The dim an expression of constants and size variables (+, -, *) is, or None for another."""
+    """The dim an expression of constants and size variables (+, -, *, // by a constant) is, or None for
+    another."""
     if isinstance(e, tx.IntImm):
         return int(e.value)
     if isinstance(e, tx.Var):
         return SizeVar(e.name)
+    if isinstance(e, tx.FloorDiv) and isinstance(e.b, tx.IntImm) and int(e.b.value) >= 1:
+        a = expr_dim(e.a)
+        return None if a is None else dim_floordiv(a, int(e.b.value))
     if isinstance(e, (tx.Add, tx.Sub, tx.Mul)):
         a, b = expr_dim(e.a), expr_dim(e.b)
         if a is None or b is None:

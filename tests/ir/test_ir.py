@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import attrs
 import numpy as np
@@ -35,8 +36,11 @@ from kiln.ir.types import (
     TupleType,
     dim_add,
     dim_div,
+    dim_floordiv,
     dim_mul,
+    dim_names,
     dim_prod,
+    dim_subst,
     dim_value,
     is_complete,
     parse_dim,
@@ -89,6 +93,35 @@ def test_dims_print_and_parse_back(coeff: int, names: list[str], const: int) -> 
     d = dim_prod([coeff, *[SizeVar(x) for x in names]])
     assert parse_dim(str(d)) == d
     assert parse_dim(str(dim_add(d, const))) == dim_add(d, const)
+
+
+def test_floor_quotients_of_dims_stay_symbolic_and_canonical() -> None:
+    n, s = SizeVar("n"), SizeVar("s")
+    half = dim_floordiv(dim_add(s, 1), 2)
+    assert str(half) == "floordiv(s + 1, 2)" and isinstance(half, SymDim) and dim_names(half) == ("s",)
+    assert dim_floordiv(dim_add(dim_mul(n, 2), 4), 2) == dim_add(n, 2)  # exact term by term
+    assert str(dim_floordiv(dim_add(dim_mul(n, 2), 3), 2)) == "n + 1"  # floor((2n + 3) / 2)
+    assert str(dim_floordiv(dim_mul(n, 12), 5)) == "2*n + floordiv(2*n, 5)"  # whole part out, the rest in [0, 5)
+    assert str(dim_mul(half, 2)) == "2*floordiv(s + 1, 2)"
+    assert dim_subst(dim_add(half, n), {"s": 6}) == dim_add(n, 3) and dim_subst(half, {"n": 1}) == half
+    assert s // 2 == dim_floordiv(s, 2) and dim_add(s, 1) // 2 == half
+    with pytest.raises(ValueError, match="not a dim"):
+        parse_dim("floordiv(s + 1)")
+
+
+@given(st.lists(st.tuples(st.integers(-9, 9), st.sampled_from(["n", "s", "n*s"])), min_size=1, max_size=3),
+       st.integers(0, 20), st.integers(1, 7), st.integers(0, 30), st.integers(0, 30))
+def test_a_quotient_has_the_value_of_the_floor_and_prints_and_parses_back(
+        terms: list[tuple[int, str]], const: int, k: int, n: int, s: int) -> None:
+    d: Any = const
+    for c, name in terms:
+        d = dim_add(d, dim_mul(parse_dim(name), c))
+    q = dim_floordiv(d, k)
+    env = {"n": n, "s": s}
+    if isinstance(d, int) or dim_value(d, env) >= 0:
+        assert dim_value(q, env) == dim_value(d, env) // k
+    assert parse_dim(str(q)) == q
+    assert parse_dim(str(dim_add(dim_mul(q, 3), 1))) == dim_add(dim_mul(q, 3), 1)
 
 
 def test_tensor_types_print_and_compare() -> None:

@@ -20,7 +20,7 @@ from kiln.ir.attrs import Attrs, float_value, to_dtype, to_int_tuple
 from kiln.ir.dtype import DataType
 from kiln.ir.module import IRModule
 from kiln.ir.span import Span
-from kiln.ir.types import ANY, FuncType, SizeVar, TensorType, TupleType, TypeVar, dim_mul
+from kiln.ir.types import ANY, FuncType, SizeVar, TensorType, TupleType, TypeVar, dim_add, dim_floordiv, dim_mul
 from kiln.registry import Op, register_op
 from kiln.relay import ParseError, parse
 from kiln.relay.analysis import structural_equal
@@ -140,6 +140,16 @@ def test_symbolic_and_unknown_dims_round_trip() -> None:
     back = roundtrip(f)
     assert back.params[0].type_annotation == x.type_annotation
     assert back.params[0].type_annotation.shape[2] is ANY
+
+
+def test_sums_and_quotients_of_sizes_round_trip() -> None:
+    n, s = SizeVar("n"), SizeVar("s")
+    dims = (dim_add(s, -1), dim_floordiv(dim_add(s, 1), 2), dim_add(dim_mul(2, dim_floordiv(dim_mul(n, s), 4)), 1))
+    f = relay.Function([relay.var("x", shape=dims)], relay.exp(relay.var("y")))
+    assert "Tensor[(s - 1, floordiv(s + 1, 2), 2*floordiv(n*s, 4) + 1), float32]" in astext(f)
+    assert roundtrip(f).params[0].type_annotation.shape == dims
+    with pytest.raises(relay.ParseError, match=r"expected floordiv's divisor \(an int >= 1\), found 'n'"):
+        parse("fn (%x: Tensor[(floordiv(s, n),), float32]) { %x }")
 
 
 def test_types_of_every_kind_round_trip() -> None:

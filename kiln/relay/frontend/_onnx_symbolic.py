@@ -5,10 +5,10 @@ Exporters compute shapes at run time: `x.view(x.size(0), x.size(1), 12, 64)` is 
 -> Concat -> Reshape. With static shapes such a chain folds to a constant; with symbolic ones the importer keeps
 its value as an object array of dims (ints and `SymDim`s) beside the Relay expression that computes it at run
 time. The ops below evaluate on such values, as numpy does on object arrays (dims add, subtract, multiply and
-divide exactly, `kiln.ir.types`); a value that comes out all ints becomes a constant again, and a converter
-reads a symbolic one with `OnnxNode.symbolic_value` (Reshape turns its dims into the 0 / -1 of a relay
-reshape). A value these ops cannot compute (a quotient such as s // 2) is not recorded: a converter that
-needs it then says which graph inputs decide it, as before.
+floor-divide, `kiln.ir.types`: s // 2 is a dim); a value that comes out all ints becomes a constant again,
+and a converter reads a symbolic one with `OnnxNode.symbolic_value`: Reshape, Slice, Expand and Range take
+such dims as they are (`s`, `2*s`, `floordiv(s, 2)`), for attributes that name sizes. A value these ops cannot compute
+is not recorded: a converter that needs it then says which graph inputs decide it.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ _OPS: dict[str, Callable[[OnnxNode, list[Array | None]], Array]] = {
     "Concat": lambda node, v: np.concatenate(v, axis=node.int_attr("axis")),  # type: ignore[arg-type]
     "Slice": _slice,
     "Mul": _binary(np.multiply),
-    "Div": _binary(np.floor_divide),  # dims are >= 0: floor is ONNX's truncation
+    "Div": _binary(np.floor_divide),  # dims are >= 0: floor is ONNX's truncation (s // 2 is a `Quot` dim)
     "Add": _binary(np.add),
     "Sub": _binary(np.subtract),
 }

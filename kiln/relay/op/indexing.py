@@ -38,7 +38,7 @@ from kiln.ir.attrs import (
     to_int_tuple,
     to_opt_int_tuple,
 )
-from kiln.ir.types import ANY, Dim, TensorType, TupleType, Type, dim_add, dim_div, dim_mul
+from kiln.ir.types import ANY, Dim, TensorType, TupleType, Type, dim_add, dim_div, dim_floordiv, dim_mul
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op import indexing_grad
@@ -260,19 +260,19 @@ class StridedSliceAttrs(Attrs):
 
 def _bounds(dim: Dim, begin: Dim, end: Dim, stride: int) -> tuple[Dim, Dim, int]:
     """(first index, length, step) of a slice of an axis: numpy's (clamped) where all are ints. Where the dim
-    or a bound is symbolic (unit stride only), negative ints count from the end and an end past
+    or a bound is symbolic (positive strides only), negative ints count from the end and an end past
     `_END_OF_AXIS` is the dim, unclamped: 0 <= first <= end <= dim is checked at run time instead."""
     if isinstance(dim, int) and isinstance(begin, int) and isinstance(end, int):
         r = range(dim)[begin:end:stride]
         return r.start, len(r), r.step
-    if stride != 1 or ANY in (dim, begin, end):
+    if stride < 0 or ANY in (dim, begin, end):
         return 0, ANY, stride
     first, stop = (v if not isinstance(v, int) else dim if v >= _END_OF_AXIS else dim_add(dim, v) if v < 0 else v
                    for v in (begin, end))
     length = dim_add(stop, dim_mul(first, -1))
     if isinstance(length, int) and length < 0:
         raise RelationError(f"the slice [{first}:{stop}] of an axis of size {dim} ends before it starts", arg=0)
-    return first, length, 1
+    return first, dim_floordiv(dim_add(length, stride - 1), stride), stride  # ceil(length / stride)
 
 
 def _strided_slice_shape(shapes: list[Shape], attrs: StridedSliceAttrs) -> Shape:
@@ -286,8 +286,8 @@ def _strided_slice_checks(attrs: StridedSliceAttrs, arg_types: list[Type]) -> li
     assert isinstance(arg_types[0], TensorType)
     shape, checks = arg_types[0].shape, []
     for axis, begin, end, stride in attrs.slices(len(shape)):
-        first, length, _ = _bounds(shape[axis], begin, end, stride)
-        if not all(isinstance(v, int) for v in (shape[axis], begin, end)) and length != ANY:
+        first, length, _ = _bounds(shape[axis], begin, end, 1)  # the span the slice steps through
+        if not all(isinstance(v, int) for v in (shape[axis], begin, end)) and length != ANY and stride > 0:
             stop = dim_add(first, length)
             what = f"the slice [{first}:{stop}] of axis {axis}, of size {shape[axis]}"
             checks += [(0, first, what), (first, stop, what), (stop, shape[axis], what)]

@@ -35,7 +35,7 @@ from kiln.ir.attrs import (
     to_int_tuple,
     to_opt_int_tuple,
 )
-from kiln.ir.types import ANY, Dim, SizeVar, SumDim, SymDim, TensorType, Type, dim_add, dim_div, dim_mul, dim_prod
+from kiln.ir.types import ANY, Dim, SumDim, SymDim, TensorType, Type, dim_add, dim_div, dim_floordiv, dim_mul, dim_prod
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, Tuple, TupleGetItem, call
 from kiln.relay.op._grad import collapse_sum_to, shape_of
@@ -60,6 +60,7 @@ from kiln.relay.op.indexing import strided_slice as strided_slice
 from kiln.relay.op.indexing import take as take
 from kiln.target import Target
 from kiln.tir import expr as tx
+from kiln.tir.dims import expr_dim
 from kiln.tir.transform import PARTITION_SELECTS
 
 # --- gradients (FPrimalGradient): each op's is named in its chain below ---------------------------
@@ -173,16 +174,9 @@ def _ravel(index: Sequence[tx.PrimExpr], shape: Sequence[DimExpr]) -> tx.PrimExp
 
 
 def _as_dim(d: DimExpr) -> Dim:
-    """A te dim as a relay dim: an int, a product of size variables (`2*n`), or ANY for another expression."""
-    if isinstance(d, int):
-        return d
-    if isinstance(d, tx.IntImm):
-        return int(d.value)
-    if isinstance(d, tx.Var):
-        return SizeVar(d.name)
-    if isinstance(d, tx.Mul):
-        return dim_mul(_as_dim(d.a), _as_dim(d.b))
-    return ANY
+    """A te dim as a relay dim (`kiln.tir.dims.expr_dim`), or ANY for an expression of another kind."""
+    dim = d if isinstance(d, int) else expr_dim(d)
+    return ANY if dim is None else dim
 
 
 def _dims_alike(a: te.Tensor, b: te.Tensor) -> bool:
@@ -317,10 +311,24 @@ def _reshape_shape(shapes: list[Shape], attrs: ReshapeAttrs) -> Shape:
         inferred = dim_div(total, known) if known != 0 else None
         if inferred is None:
             raise mismatch
+        if inferred == ANY and isinstance(known, int) and total != ANY:
+            inferred = dim_floordiv(total, known)  # exact only at some sizes: `_reshape_checks` says which
         out[infer_at] = inferred
-    elif total != known and ANY not in (total, known):
-        raise mismatch  # sums and products of sizes are canonical: unequal here, unequal at some size
+    elif isinstance(total, int) and isinstance(known, int) and total != known:
+        raise mismatch  # (symbolic counts that differ may agree at some sizes: `_reshape_checks`)
     return tuple(out)
+
+
+def _reshape_checks(attrs: ReshapeAttrs, arg_types: list[Type]) -> list[tuple[Dim, Dim, str]]:
+    """The element counts agree where the types cannot tell: a -1 inferred as a quotient (floordiv(n*s, 4)) fits
+    only the sizes it divides; a shape of sizes ((n, floordiv(s, 2), 64) of (n, s, 32)) only some sizes."""
+    assert isinstance(arg_types[0], TensorType)
+    shape = arg_types[0].shape
+    total, filled = dim_prod(shape), dim_prod(_reshape_shape([shape], attrs))
+    if total == filled or ANY in (total, filled):
+        return []
+    what = f"the reshape of {_shape_str(shape)} to {_shape_str(attrs.newshape)} (its {total} elements)"
+    return [(total, filled, what), (filled, total, what)]
 
 
 def _reshape_ref(attrs: ReshapeAttrs, x: Array) -> Array:
@@ -334,6 +342,7 @@ def _reshape_ref(attrs: ReshapeAttrs, x: Array) -> Array:
     .set_support_level(3).set_attr(attr.TOpPattern, OpPattern.INJECTIVE)
     .set_attr(attr.FReference, _reshape_ref)
     .set_attr(attr.FCompute, _reshape_compute)
+    .set_attr(attr.FSizeCheck, _reshape_checks)
     .set_attr(attr.FPrimalGradient, _as_input))
 
 

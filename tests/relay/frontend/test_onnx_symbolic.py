@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from kiln import relay
-from kiln.relay.frontend import OnnxValueNeededError
+from kiln.runtime import ExecutorError
 
 RNG = np.random.default_rng(0)
 
@@ -85,17 +85,30 @@ def test_a_static_part_of_a_dynamic_shape_folds_to_a_constant() -> None:
     assert "shape_of" not in str(mod)
 
 
-def test_a_dim_kiln_cannot_write_names_the_inputs_that_decide_it() -> None:
-    m = model([const("i1", np.array(1, np.int64)), const("two", np.array(2, np.int64)),
-               const("ax", np.array([0], np.int64)), const("w", np.array([-1], np.int64)),
+def test_a_quotient_of_a_dynamic_dim_imports_and_its_divisibility_is_checked_at_run_time() -> None:
+    """x.view(x.size(0), x.size(1) // 2, 64): s // 2 is a dim (the sizes it fits are those 2 divides)."""
+    ort = pytest.importorskip("onnxruntime")
+    m = model([const("i0", np.array(0, np.int64)), const("i1", np.array(1, np.int64)),
+               const("two", np.array(2, np.int64)), const("ax", np.array([0], np.int64)),
+               const("w", np.array([64], np.int64)),
                helper.make_node("Shape", ["x"], ["shape"]),
+               helper.make_node("Gather", ["shape", "i0"], ["n"], axis=0),
                helper.make_node("Gather", ["shape", "i1"], ["s"], axis=0),
-               helper.make_node("Div", ["s", "two"], ["s1"]),  # s // 2: not a dim kiln writes yet
+               helper.make_node("Div", ["s", "two"], ["s1"]),
+               helper.make_node("Unsqueeze", ["n", "ax"], ["n1"]),
                helper.make_node("Unsqueeze", ["s1", "ax"], ["s2"]),
-               helper.make_node("Concat", ["w", "s2"], ["target"], axis=0),
-               helper.make_node("Reshape", ["x", "target"], ["y"])], "y", ["a", "b"])
-    with pytest.raises(OnnxValueNeededError, match="'x'"):
-        relay.frontend.from_onnx(m)
+               helper.make_node("Concat", ["n1", "s2", "w"], ["target"], axis=0),
+               helper.make_node("Reshape", ["x", "target"], ["y"])], "y", ["n", "h", 64])
+    mod, params = relay.frontend.from_onnx(m)
+    assert str(mod["main"].checked_type.ret_type) == "Tensor[(n, floordiv(s, 2), 64), float32]"
+    ex = relay.build(mod, params=params).create_executor()
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n, s in [(1, 2), (3, 18)]:
+        x = RNG.standard_normal((n, s, 32)).astype("float32")
+        np.testing.assert_array_equal(ex(x=x), session.run(None, {"x": x})[0])
+    with pytest.raises(ExecutorError, match=r"reshape .*\(its 32\*n\*s elements\) needs 32\*n\*s <= "
+                                            r"64\*n\*floordiv\(s, 2\), which the sizes n = 2, s = 5 break"):
+        ex(x=RNG.standard_normal((2, 5, 32)).astype("float32"))
 
 
 def test_view_of_the_batch_and_minus_one_flattens_a_dynamic_batch() -> None:

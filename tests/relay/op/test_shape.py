@@ -23,7 +23,7 @@ from op_helpers import (
 )
 
 from kiln.ir.attrs import Attrs, AttrsError
-from kiln.ir.types import ANY, SizeVar, TensorType, TupleType, dim_add, dim_mul
+from kiln.ir.types import ANY, SizeVar, TensorType, TupleType, dim_add, dim_floordiv, dim_mul
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.expr import Call, Tuple, var
 from kiln.relay.op import shape as T
@@ -81,7 +81,7 @@ def reshape_attrs(newshape: Any) -> T.ReshapeAttrs:
         ((2, n, 3), (-1,), (dim_mul(6, n),)),
         ((n, m), (-1,), (dim_mul(n, m),)),
         ((n, m, 4), (0, 0, 2, 2), (n, m, 2, 2)),
-        ((n, 12), (-1, 5), (ANY, 5)),  # exact only if 5 divides 12*n
+        ((n, 12), (-1, 5), (dim_floordiv(dim_mul(12, n), 5), 5)),  # exact only if 5 divides 12*n: checked
         ((ANY, 4), (-1, 2), (ANY, 2)),
         ((n, 12), (2, -1), (2, dim_mul(6, n))),
     ],
@@ -405,7 +405,9 @@ def test_strided_slice_type_with_symbolic_dims() -> None:
     # bounds on a symbolic axis are not clamped: 3 <= n and 1 <= m are checked at run time instead
     assert relation("strided_slice", [t], slice_attrs((1,), (3,))) == TensorType((2, 8, m))
     assert relation("strided_slice", [t], slice_attrs((0,), (-1,), axes=(2,))) == TensorType((n, 8, dim_add(m, -1)))
-    assert relation("strided_slice", [t], slice_attrs((0,), (3,), (2,))) == TensorType((ANY, 8, m))
+    assert relation("strided_slice", [t], slice_attrs((0,), (3,), (2,))) == TensorType((2, 8, m))
+    assert relation("strided_slice", [t], slice_attrs((1,), (2**31 - 1,), (2,))) == TensorType((n // 2, 8, m))
+    assert relation("strided_slice", [t], slice_attrs((3,), (0,), (-1,))) == TensorType((ANY, 8, m))
 
 
 def test_strided_slice_errors() -> None:

@@ -129,3 +129,25 @@ def test_a_library_file_keeps_the_size_checks(tmp_path: Any) -> None:
     assert loaded.graph.checks == lib.graph.checks == [(s, 50, lib.graph.checks[0][2])]
     with pytest.raises(ExecutorError, match="s <= 50"):
         loaded.create_executor()(x=_rand(1, 60, 4))
+
+
+def test_every_second_row_and_a_reshape_by_a_quotient() -> None:
+    """x[:, ::2] and x[:, 1::3] of a symbolic axis are floordiv(s + 1, 2) and floordiv(s + 1, 3) rows; a reshape of
+    (n, s) to (-1, 4) has floordiv(n*s, 4) rows, which fit only sizes whose product 4 divides."""
+    x = relay.var("x", shape=("n", "s"))
+    fn = relay.Function([x], relay.Tuple([relay.strided_slice(x, [0], [2**31 - 1], [2], axes=[1]),
+                                          relay.strided_slice(x, [1], [2**31 - 1], [3], axes=[1]),
+                                          relay.exp(relay.reshape(x, (-1, 4)))]))
+    typed = relay.transform.InferType()(relay.IRModule.from_expr(fn))["main"]
+    assert [[str(d) for d in t.shape] for t in typed.checked_type.ret_type.fields] == [
+        ["n", "floordiv(s + 1, 2)"], ["n", "floordiv(s + 1, 3)"], ["floordiv(n*s, 4)", "4"]]
+    ex = relay.build(fn).create_executor()
+    for batch, seq in [(1, 4), (3, 4), (2, 6), (4, 17)]:
+        x_ = _rand(batch, seq)
+        halves, thirds, rows = ex(x=x_)
+        np.testing.assert_array_equal(halves, x_[:, ::2])
+        np.testing.assert_array_equal(thirds, x_[:, 1::3])
+        np.testing.assert_allclose(rows, np.exp(x_.reshape(-1, 4)), rtol=1e-6)
+    with pytest.raises(ExecutorError, match=r"the reshape of \(n, s\) to \(-1, 4\) \(its n\*s elements\) needs "
+                                            r"n\*s <= 4\*floordiv\(n\*s, 4\), which the sizes n = 3, s = 5 break"):
+        ex(x=_rand(3, 5))
