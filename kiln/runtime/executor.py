@@ -278,6 +278,9 @@ class GraphExecutor:
         self._sizes: dict[str, int] | None = None
         self._buffers: list[Any] = []
         self._values: list[Any] = []
+        # the constants as the kernels read them (a device copy on a GPU), by the library array's id: the graphs
+        # of a symbolic library's sizes share their constants, so a change of sizes copies none again
+        self._constants: dict[int, tuple[Any, Any]] = {}
         # The llvm fast path: after one checked run, launches call the native entry on data pointers.
         # Inputs are checked by set_input, outputs are allocated here and intermediates are planned,
         # so the per-call checks (about 6 us a launch) would only repeat what is known.
@@ -350,7 +353,9 @@ class GraphExecutor:
                          for b, n in enumerate(graph.storage_sizes)]
         self._values = [None] * len(graph.slots)
         for s, arr in graph.constants.items():
-            self._values[s] = self._xp.put(arr)
+            if id(arr) not in self._constants:
+                self._constants[id(arr)] = (arr, self._xp.put(arr))  # (the array kept: its id stays its own)
+            self._values[s] = self._constants[id(arr)][1]
         for s, slot in enumerate(graph.slots):
             if slot.kind == "temp":
                 dtype = numpy_dtype(slot.dtype)
@@ -449,14 +454,15 @@ class GraphExecutor:
         if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
             raise ExecutorError(f"profile: repeat must be an int of at least 1, got {repeat!r}")
         self._bind(inputs)
-        g = self._graph
-        launch_seconds: list[list[float]] = [[] for _ in g.launches]
+        launch_seconds: list[list[float]] = []
         run_seconds: list[float] = []
         for n in range(max(warmup, 0) + repeat):
             timed = n >= warmup
             start = time.perf_counter()
             with self._lock:
                 values, fresh = self._start()
+                g = self._graph  # (of a symbolic library: the graph of these inputs' sizes)
+                launch_seconds = launch_seconds or [[] for _ in g.launches]
                 times = launch_seconds if timed else None
                 if self._entries is not None and times is not None:
                     self._run_entries_timed(values, times)

@@ -127,11 +127,14 @@ class Graph:
     # what the ops assumed of the sizes, each (small, large, what): small <= large once the sizes are known
     # (a slice to `s` of a 512-row table: s <= 512); `specialize` checks them
     checks: list[tuple[Dim, Dim, str]] = attrs.field(factory=list)
+    _symbols: tuple[str, ...] | None = attrs.field(default=None, init=False, repr=False, eq=False)
 
     @property
     def symbols(self) -> tuple[str, ...]:
         """The size variables of the slots' shapes, sorted (none for a graph of static shapes)."""
-        return tuple(sorted({name for slot in self.slots for d in slot.shape for name in dim_names(d)}))
+        if self._symbols is None:  # (asked on every run; slots change only in their storage once built)
+            self._symbols = tuple(sorted({name for slot in self.slots for d in slot.shape for name in dim_names(d)}))
+        return self._symbols
 
     def specialize(self, env: Mapping[str, int]) -> Graph:
         """This graph with every size variable at its value in `env`, its memory planned for those sizes.
