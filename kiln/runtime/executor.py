@@ -278,8 +278,7 @@ class GraphExecutor:
         self._sizes: dict[str, int] | None = None
         self._buffers: list[Any] = []
         self._values: list[Any] = []
-        # the constants as the kernels read them (a device copy on a GPU), by the library array's id: the graphs
-        # of a symbolic library's sizes share their constants, so a change of sizes copies none again
+        # constants as kernels read them (on a GPU, copies) by library array id: a change of sizes copies none
         self._constants: dict[int, tuple[Any, Any]] = {}
         # The llvm fast path: after one checked run, launches call the native entry on data pointers.
         # Inputs are checked by set_input, outputs are allocated here and intermediates are planned,
@@ -491,12 +490,7 @@ class GraphExecutor:
             sizes, where = self._size_values()
             if sizes != self._sizes:
                 graph = self.lib.variant(sizes) or g  # a variant built for these sizes first
-                try:
-                    specialized = graph.specialize(sizes) if graph.symbols else graph
-                except ExecutorError as err:
-                    raise ExecutorError(f"{err} (" + ", ".join(f"{n} from input {w}" for n, w in where.items())
-                                        + ")") from None
-                self._use(specialized)
+                self._use(graph.specialize(sizes, where) if graph.symbols else graph)
                 self._sizes = sizes
             g = self._graph
         values = list(self._values)

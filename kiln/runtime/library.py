@@ -136,22 +136,23 @@ class Graph:
             self._symbols = tuple(sorted({name for slot in self.slots for d in slot.shape for name in dim_names(d)}))
         return self._symbols
 
-    def specialize(self, env: Mapping[str, int]) -> Graph:
+    def specialize(self, env: Mapping[str, int], where: Mapping[str, str] | None = None) -> Graph:
         """This graph with every size variable at its value in `env`, its memory planned for those sizes.
 
         Raises:
-            ExecutorError: sizes that break what an op assumed of them (`checks`), or make a dim negative.
+            ExecutorError: sizes that break what an op assumed of them (`checks`), or make a dim negative;
+                the message says where each size came from (`where`: the input dim, `x.shape[0]`).
         """
+        came = " (" + ", ".join(f"{n} from input {w}" for n, w in where.items()) + ")" if where else ""
         for small, large, what in self.checks:
             if dim_value(small, env) > dim_value(large, env):
+                names = sorted({*dim_names(small), *dim_names(large)})
                 raise ExecutorError(f"{what} needs {small} <= {large}, which the sizes "
-                                    + ", ".join(f"{n} = {env[n]}" for n in sorted({*dim_names(small),
-                                                                                   *dim_names(large)}))
-                                    + " break")
+                                    + ", ".join(f"{n} = {env[n]}" for n in names) + f" break{came}")
         for slot in self.slots:
             if any(dim_value(d, env) < 0 for d in slot.shape):
                 raise ExecutorError(f"the value {slot.name!r} of shape ({', '.join(map(str, slot.shape))}) has a "
-                                    f"negative dim at the sizes {dict(env)}")
+                                    f"negative dim at the sizes {dict(env)}{came}")
         graph = Graph([slot.concrete(env) for slot in self.slots], self.launches, self.inputs, self.outputs,
                       self.constants)
         graph.plan_memory()
