@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from kiln import __version__, registry
-from kiln.errors import KilnError
+from kiln.errors import KilnError, did_you_mean
 from kiln.ir.module import IRModule
 from kiln.progress import ProgressBar
 from kiln.relay.backend.build_module import optimize_explained
@@ -105,6 +105,15 @@ def _is_onnx(path: str | Path) -> bool:
     return str(path).endswith(".onnx")
 
 
+def _is_library(path: str | Path) -> bool:
+    """Whether the file starts as a library `kiln compile` wrote does."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(7) == b"KILNLIB"
+    except OSError:
+        return False
+
+
 def parse_shapes(specs: Sequence[str]) -> dict[str, tuple[int | str, ...]]:
     """`--shape NAME=1,3,224,224` options as {name: shape}; a dim that is not a number stays symbolic."""
     shapes: dict[str, tuple[int | str, ...]] = {}
@@ -121,6 +130,9 @@ def parse_shapes(specs: Sequence[str]) -> dict[str, tuple[int | str, ...]]:
 
 def load_any(path: str | Path, shapes: Sequence[str] = ()) -> tuple[IRModule, dict[str, np.ndarray]]:
     """A model in the Relay text format (no params) or an ONNX model (its initializers frozen), typed."""
+    if _is_library(path):
+        raise CliError(f"{str(path)!r} is a compiled kiln library, not a model (ONNX or Relay text): run it with "
+                       f"`kiln run {path}`, or give the model it was compiled from")
     if _is_onnx(path):
         from kiln.relay.frontend import from_onnx
 
@@ -335,30 +347,44 @@ def _summary(arr: np.ndarray) -> str:
 def _cmd_run(args: argparse.Namespace) -> None:
     from kiln import runtime
 
+    if Path(args.library).is_file() and not _is_library(args.library):
+        what = "an ONNX model" if _is_onnx(args.library) else "not a kiln library"
+        stem = Path(args.library).with_suffix(".kiln")
+        raise CliError(f"{args.library!r} is {what}: `kiln run` runs what `kiln compile` writes. Compile it first "
+                       f"(`kiln compile {args.library} -o {stem}`, then `kiln run {stem}`), or time the model with "
+                       f"`kiln bench {args.library}`")
     try:
         lib = runtime.load(args.library, trust=args.trust)
     except OSError as err:
         raise CliError(f"cannot read the library: {_os_message(err)}") from None
+    slots = {lib.graph.slots[s].name: lib.graph.slots[s] for s in lib.graph.inputs}
+    for spec in args.input:  # a name the library lacks, before any file is read
+        name, eq, _ = spec.partition("=")
+        if eq and name and name not in slots:
+            raise CliError(f"the library has no input {name!r}{did_you_mean(name, slots)}; its inputs: "
+                           + ", ".join(f"{n} ({v.dtype}{list(v.shape)})" for n, v in slots.items()))
     inputs = _read_inputs(args.input)
     ex = lib.create_executor()
     missing = [n for n in ex.input_names if n not in inputs]
     if missing:
-        slots = {lib.graph.slots[s].name: lib.graph.slots[s] for s in lib.graph.inputs}
         wanted = ", ".join(f"{n} ({slots[n].dtype}{list(slots[n].shape)})" for n in missing)
         raise CliError(f"missing input(s) {wanted}; give each as --input NAME=FILE.npy")
     ex.run(**inputs)
     # a cuda library's outputs are on the GPU: .get() copies one to numpy
     outputs = [out if isinstance(out, np.ndarray) else out.get() for out in map(ex.get_output, range(ex.num_outputs))]
+    names = lib.output_names  # an ONNX model's own, else output_0, output_1, ...
     try:
         if args.output is None:
-            for i, out in enumerate(outputs):
-                print(f"output {i}: {_summary(out)}")
+            for name, out in zip(names, outputs, strict=True):
+                print(f"{name}: {_summary(out)}")
         elif args.output.endswith(".npz"):
-            named: dict[str, Any] = {f"output_{i}": out for i, out in enumerate(outputs)}
-            with open(args.output, "wb") as f:
-                np.savez(f, **named)
+            # as np.savez writes an archive, but any name is an entry (np.savez would take `allow_pickle` as its flag)
+            with zipfile.ZipFile(args.output, "w") as archive:
+                for name, out in zip(names, outputs, strict=True):
+                    with archive.open(f"{name}.npy", "w", force_zip64=True) as entry:
+                        np.lib.format.write_array(entry, out, allow_pickle=False)
             print(f"wrote {args.output}: " + ", ".join(
-                f"output_{i} {out.dtype}{list(out.shape)}" for i, out in enumerate(outputs)))
+                f"{name} {out.dtype}{list(out.shape)}" for name, out in zip(names, outputs, strict=True)))
         else:
             for path, out in zip(_output_paths(args.output, len(outputs)), outputs, strict=True):
                 with open(path, "wb") as f:  # a file object: np.save would append .npy to other names
@@ -394,10 +420,11 @@ inputs:
   the archive to the input of its name. Every input of the model must be given,
   with the shape and dtype it was compiled for.
 outputs:
-  without --output, each output's dtype, shape, statistics and first values are
-  printed. --output OUT.npz writes all outputs to one archive, named output_0,
-  output_1, ... (np.load(OUT.npz)["output_0"]). Any other name, OUT.npy, gets a
-  model's one output as an .npy file; several outputs go to OUT_0.npy,
+  without --output, each output's name, dtype, shape, statistics and first
+  values are printed. An output is named as the ONNX model names it, else
+  output_0, output_1, ... --output OUT.npz writes all outputs to one archive
+  by those names (np.load(OUT.npz)["output_0"]). Any other name, OUT.npy, gets
+  a model's one output as an .npy file; several outputs go to OUT_0.npy,
   OUT_1.npy, ...
 """
 

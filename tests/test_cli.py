@@ -200,7 +200,7 @@ def test_compile_with_params_then_run_matches_numpy(files: dict[str, Path],
     np.testing.assert_allclose(np.load(out), _expected(files), rtol=1e-5, atol=1e-6)
     assert main(["run", str(lib), "-i", f"x={files['x']}"]) == 0
     summary = capsys.readouterr().out.splitlines()
-    assert summary[0].startswith("output 0: float32[4, 3]  min 0  max ")
+    assert summary[0].startswith("output_0: float32[4, 3]  min 0  max ")
     assert summary[1].startswith("  first values: ") and summary[1].endswith(", ...")
 
 
@@ -268,7 +268,9 @@ def test_run_refuses_missing_extra_and_misshapen_inputs(files: dict[str, Path],
     assert "expected dtype float32, got float64" in _fails(["run", lib, "-i", f"x={files['dir'] / 'wide.npy'}"],
                                                            capsys)
     err = _fails(["run", lib, "-i", f"x={files['x']}", "-i", f"y={files['x']}"], capsys)
-    assert "model has no input 'y'; its inputs are ['x']" in err
+    assert "the library has no input 'y'; its inputs: x (float32[4, 8])" in err
+    err = _fails(["run", lib, "-i", "xx=nope.npy"], capsys)  # the name is checked before the file is read
+    assert "the library has no input 'xx' (did you mean 'x'?); its inputs: x (float32[4, 8])" in err
     assert "No such file or directory: 'nope.npy'" in _fails(["run", lib, "-i", "x=nope.npy"], capsys)
     assert "is not a numpy .npy or .npz file" in _fails(["run", lib, "-i", f"x={files['model']}"], capsys)
     assert "expected NAME=FILE.npy or FILE.npz" in _fails(["run", lib, "-i", str(files["x"])], capsys)
@@ -281,7 +283,12 @@ def test_corrupt_and_missing_library_files_are_clean_errors(files: dict[str, Pat
     data[-3] ^= 0xFF
     lib.write_bytes(bytes(data))
     assert "checksum mismatch" in _fails(["run", str(lib), "-i", f"x={files['x']}"], capsys)
-    assert "not a kiln library" in _fails(["run", str(files["model"]), "-i", f"x={files['x']}"], capsys)
+    err = _fails(["run", str(files["model"]), "-i", f"x={files['x']}"], capsys)
+    assert f"{str(files['model'])!r} is not a kiln library: `kiln run` runs what `kiln compile` writes. " in err
+    assert f"or time the model with `kiln bench {files['model']}`" in err
+    for command in (["bench", str(lib)], ["compile", str(lib), "-o", str(files["dir"] / "again.kiln")]):
+        assert f"{str(lib)!r} is a compiled kiln library, not a model (ONNX or Relay text): run it with `kiln run " \
+            f"{lib}`" in _fails(command, capsys)
     err = _fails(["run", str(files["dir"] / "none.kiln")], capsys)
     assert "cannot read the library: No such file or directory" in err
 
@@ -380,3 +387,28 @@ def test_a_model_with_dynamic_dims_compiles_once_and_runs_any_size(tmp_path: Pat
         np.save(x, RNG.standard_normal((n, 3)).astype("float32"))
         assert main(["run", str(lib), "--input", f"x={x}", "--output", str(out)]) == 0
         np.testing.assert_allclose(np.load(out), np.exp(np.load(x)), rtol=1e-6)
+
+
+def test_an_onnx_models_output_names_name_the_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["logits"]), helper.make_node("Softmax", ["logits"], ["probs"], axis=-1)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 5]) for n in ("logits", "probs")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    lib, x, out = tmp_path / "m.kiln", tmp_path / "x.npy", tmp_path / "out.npz"
+    np.save(x, RNG.standard_normal((2, 5)).astype("float32"))
+    assert main(["compile", str(tmp_path / "m.onnx"), "-o", str(lib)]) == 0
+    assert main(["run", str(lib), "-i", f"x={x}"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("logits: float32[2, 5]") and "\nprobs: float32[2, 5]" in printed
+    assert main(["run", str(lib), "-i", f"x={x}", "-o", str(out)]) == 0
+    with np.load(out) as saved:
+        assert sorted(saved.files) == ["logits", "probs"]
+        np.testing.assert_allclose(saved["logits"], np.maximum(np.load(x), 0))
+    err = _fails(["run", str(tmp_path / "m.onnx")], capsys)
+    assert f"{str(tmp_path / 'm.onnx')!r} is an ONNX model: `kiln run` runs what `kiln compile` writes." in err

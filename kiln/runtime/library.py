@@ -196,8 +196,10 @@ class Library:
     """A compiled model: its graph and kernels. `create_executor()` runs it; `export(path)` saves it."""
 
     def __init__(self, graph: Graph, kernels: Sequence[Any], target: Target, cache_key: str | None = None,
-                 variants: Sequence[tuple[dict[str, int], Graph]] = ()) -> None:
+                 variants: Sequence[tuple[dict[str, int], Graph]] = (), output_names: Sequence[str] = ()) -> None:
         self.graph = graph
+        # the outputs' names: an ONNX model's, else output_0, output_1, ...
+        self.output_names = list(output_names) or [f"output_{i}" for i in range(len(graph.outputs))]
         self.kernels = list(kernels)
         self.target = target
         self.cache_key = cache_key  # the build-cache key it was stored under (`library_cache`), if any
@@ -216,6 +218,18 @@ class Library:
     def planned_bytes(self) -> int:
         """The bytes of the intermediate buffers after memory planning."""
         return sum(self.graph.storage_sizes)
+
+    def __repr__(self) -> str:
+        g = self.graph
+
+        def value(s: int, name: str) -> str:
+            return f"{name}: {g.slots[s].dtype}[{', '.join(map(str, g.slots[s].shape))}]"
+
+        memory = "memory planned per size" if g.symbols else f"{_byte_text(self.planned_bytes)} of buffers planned"
+        more = f", {len(self.variants)} specialized variant(s)" if self.variants else ""
+        return (f"<kiln.Library for {self.target.summary()}: {len(self.kernels)} kernels, {len(g.launches)} "
+                f"launches, {memory}{more}; inputs {', '.join(value(s, g.slots[s].name) for s in g.inputs)}; "
+                f"outputs {', '.join(value(s, n) for n, s in zip(self.output_names, g.outputs, strict=True))}>")
 
     def create_executor(self, cuda_graph: bool = False) -> GraphExecutor:
         """A `GraphExecutor` of this library (`cuda_graph`: replay a cuda library's launches as one CUDA graph)."""
@@ -268,11 +282,21 @@ class Library:
         header.update(kernels=kernels, blobs=[len(b) for b in blobs])
         if cache_key is not None:
             header["cache_key"] = cache_key
+        if self.output_names != [f"output_{i}" for i in range(len(self.graph.outputs))]:
+            header["output_names"] = self.output_names  # (a model's own names)
         head = json.dumps(header).encode()
         payload = struct.pack("<Q", len(head)) + head + b"".join(blobs)
         digest = hashlib.sha256(payload).digest()
         tag = _trust.sign(_MAGIC + payload)
         Path(path).write_bytes(_MAGIC + struct.pack("<Q", len(payload)) + digest + tag + payload)
+
+
+def _byte_text(n: int) -> str:
+    """`n` bytes as people read them: 512 B, 3.0 KiB, 1.5 MiB, 2.0 GiB."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def _graph_entry(graph: Graph, array: Callable[[np.ndarray], int]) -> dict[str, Any]:
@@ -401,7 +425,8 @@ def _decode_file(data: bytes, where: str, trusted: bool) -> tuple[dict[str, Any]
     except (ValueError, RecursionError) as e:  # also UnicodeDecodeError; RecursionError: nested too deep
         raise LibraryFormatError(f"{where}: header is not JSON ({type(e).__name__}: {e})") from e
     c = HeaderChecker(where)
-    optional = {k for k in ("cache_key", "variants", "checks") if isinstance(header, dict) and k in header}
+    optional = {k for k in ("cache_key", "variants", "checks", "output_names")
+                if isinstance(header, dict) and k in header}
     c.dict_(header, _HEADER_KEYS | optional, "header")
     sizes = [c.size(n, f"blobs[{i}]") for i, n in enumerate(c.list_(header["blobs"], "blobs"))]
     if sum(sizes) != len(payload) - 8 - head_len:
@@ -629,7 +654,12 @@ def load(path: str | Path, trust: bool = False) -> Library:
         raise c.fail("target", f"{target} runs on device type {device!r}; kiln loads CPU and CUDA libraries")
     key = header.get("cache_key")
     variants = _variants(c, header, blobs, graph, [param_entries(m.func) for m in modules])
-    return Library(graph, modules, target, c.of(key, str, "cache_key") if key is not None else None, variants)
+    names = c.list_(header.get("output_names", []), "output_names")
+    if names and (len(names) != len(graph.outputs) or len(set(map(str, names))) != len(names) or not all(
+            isinstance(n, str) and 0 < len(n) <= 200 for n in names)):
+        raise c.fail("output_names", f"expected {len(graph.outputs)} distinct names (texts of 1 to 200 characters)")
+    return Library(graph, modules, target, c.of(key, str, "cache_key") if key is not None else None, variants,
+                   names)
 
 
 def _variants(c: HeaderChecker, header: dict[str, Any], blobs: list[bytes], graph: Graph,

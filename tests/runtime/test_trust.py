@@ -270,6 +270,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any], list[bytes]], None]
     # a CPU library's kernels relabelled for a GPU: they are not CUDA kernels (no CUBIN, no launch table)
     (_set("target", "cuda -arch=sm_90"), r"kernels\[0\]: expected keys \['arch', 'cubin', 'float16', 'name'"),
     (_set("launches.0", {"kernel": 0}), r"launches\[0\]: expected keys \['inputs', 'kernel', 'outputs'\]"),
+    (_set("output_names", ["y", "y", "z"]), r"output_names: expected 1 distinct names"),
     (_set("checks", [["s", "512"]]), r"checks\[0\]: expected \[small, large, what\]: two dims and a text"),
     (_set("checks", [["s +", "512", "a slice"]]), r"checks\[0\]\[0\]: expected a size or a symbolic dim"),
     (_set("checks", [["s", -512, "a slice"]]), r"checks\[0\]\[1\]: negative size -512"),

@@ -374,10 +374,20 @@ def build(
         _compile_ahead(opt["main"], tgt, progress, first=builder.named)
         graphs.append(builder.build(opt["main"]))
     lib = Library(graphs[0], [k.module for k in builder.kernels], tgt,
-                  variants=list(zip(combos, graphs[1:], strict=True)))
+                  variants=list(zip(combos, graphs[1:], strict=True)),
+                  output_names=_output_names(base["main"], len(graphs[0].outputs)))
     if key is not None:
         library_cache.store(key, lib)
     return lib
+
+
+def _output_names(func: rx.Function, count: int) -> list[str]:
+    """Main's `output_names` attribute (an ONNX model's output names), when it names each output once."""
+    names = func.attrs.get("output_names")
+    if isinstance(names, tuple) and len(names) == count and len(set(names)) == count and all(
+            isinstance(n, str) and n for n in names):
+        return list(names)
+    return []
 
 
 def _specializations(func: rx.Function, specialize: Mapping[str, Sequence[int]] | None) -> list[dict[str, int]]:

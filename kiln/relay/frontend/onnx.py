@@ -474,7 +474,9 @@ class _Importer:
         if not outputs:
             raise OnnxImportError("the graph has no outputs")
         body = outputs[0] if len(outputs) == 1 else Tuple(tuple(outputs))
-        func = Function((*self.inputs, *self.param_vars), body)
+        # the graph's output names, which relay.build gives the library's outputs (`kiln run` prints them)
+        func = Function((*self.inputs, *self.param_vars), body,
+                        attrs={"output_names": tuple(out.name for out in graph.output)})
         infer_type(func)
         return IRModule.from_expr(func), self.params
 

@@ -47,6 +47,19 @@ def test_mlp_builds_and_matches_numpy() -> None:
     assert ex.input_names == ["x"] and ex.num_outputs == 1
 
 
+def test_a_library_says_what_it_holds() -> None:
+    x = relay.var("x", shape=(2, 300))
+    lib = build(relay.Function([x], relay.Tuple([relay.exp(relay.exp(x)), relay.sum(relay.exp(x), axis=1)])),
+                target="llvm -mcpu=znver4")
+    assert repr(lib) == (f"<kiln.Library for llvm -mcpu=znver4: {len(lib.kernels)} kernels, 3 launches, "
+                         f"{lib.planned_bytes / 1024:.1f} KiB of buffers planned; inputs x: float32[2, 300]; "
+                         "outputs output_0: float32[2, 300], output_1: float32[2]>")
+    n = relay.var("x", shape=("n", 8))
+    lib = build(relay.Function([n], relay.exp(n)), specialize={"n": [1, 4]})
+    assert repr(lib).endswith(": 3 kernels, 1 launches, memory planned per size, 2 specialized variant(s); "
+                              "inputs x: float32[n, 8]; outputs output_0: float32[n, 8]>")
+
+
 def test_outputs_of_a_run_are_not_overwritten_by_the_next() -> None:
     func, params = mlp()
     ex = build(func, params=params).create_executor()
