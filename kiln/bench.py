@@ -1,7 +1,8 @@
 """`kiln bench`: a compiled model's run time on random inputs, beside onnxruntime's on the same inputs.
 
-Times are medians of `repeat` runs after warm-up runs. onnxruntime runs first
-(its worker threads stop spinning before kiln is timed), with its default
+Times are medians of `repeat` runs after warm-up runs, printed with their minimum and 90th percentile; a
+warning says when the runs spread widely (p90 over 1.5x the minimum: another process held a core).
+onnxruntime runs first (its worker threads stop spinning before kiln is timed), with its default
 session options; kiln runs the library relay.build made for the target. The
 ratio printed is onnxruntime's time over kiln's: above 1, kiln is faster.
 The outputs of both are compared, so a fast wrong answer shows. With
@@ -60,6 +61,21 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:9.3f} ms"
 
 
+_WIDE = 1.5  # p90 / min above this: the runs disagree too much for one number to stand for them
+
+
+def _line(name: str, seconds: list[float], stream: IO[str]) -> float:
+    """Prints a runner's min, median and p90 (and a warning when they spread widely); returns the median."""
+    ordered = sorted(seconds)
+    med, p90 = statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    print(f"{name:12} {_ms(med)}  (median of {len(ordered)}; min {_ms(ordered[0]).strip()}, "
+          f"p90 {_ms(p90).strip()})", file=stream)
+    if ordered[0] > 0 and p90 / ordered[0] > _WIDE:
+        print(f"  warning: {name}'s times spread widely (p90 is {p90 / ordered[0]:.3g}x the minimum): another "
+              "process may hold a core; rerun, or raise --repeat", file=stream)
+    return med
+
+
 def compare(
     model: Any,
     mod: IRModule,
@@ -106,17 +122,16 @@ def compare(
         if session is not None:
             feeds = {k: v for k, v in inputs.items() if k in {i.name for i in session.get_inputs()}}
             reference = session.run(None, feeds)
-            times["onnxruntime"] = median_seconds(lambda: session.run(None, feeds), repeat, warmup=3)
+            ort_runs = run_seconds(lambda: session.run(None, feeds), repeat, warmup=3)
     ex = lib.create_executor()
     result = ex(**inputs)
     outputs = list(result) if isinstance(result, tuple) else [result]
-    times["kiln"] = median_seconds(lambda: ex(**inputs), repeat, warmup=3)
-    print(f"kiln         {_ms(times['kiln'])}  (median of {repeat})", file=stream)
-    if "onnxruntime" in times:
-        print(f"onnxruntime  {_ms(times['onnxruntime'])}  (median of {repeat})", file=stream)
+    times["kiln"] = _line("kiln", run_seconds(lambda: ex(**inputs), repeat, warmup=3), stream)
+    if reference is not None:
+        times["onnxruntime"] = _line("onnxruntime", ort_runs, stream)
         ratio = times["onnxruntime"] / times["kiln"]
-        print(f"kiln speed vs onnxruntime: {ratio:.2f}x ({'faster' if ratio >= 1 else 'slower'})", file=stream)
-        assert reference is not None
+        print(f"kiln speed vs onnxruntime: {ratio:.3g}x ({'faster' if ratio >= 1 else 'slower'}; medians)",
+              file=stream)
         diffs = [float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0.0))
                  for a, b in zip(outputs, reference, strict=False)]
         times["max_abs_diff"] = max(diffs, default=0.0)

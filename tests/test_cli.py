@@ -368,7 +368,7 @@ def test_bench_per_kernel_prints_the_kernels_by_time_after_the_times(files: dict
     assert main([*args, "--per-kernel"]) == 0
     out = capsys.readouterr().out
     times, profile = out.split("\nper-kernel profile: ")
-    assert "kiln " in times and "(median of 2)" in times
+    assert "kiln " in times and "(median of 2; min " in times and ", p90 " in times
     assert profile.startswith("1 kernel, 1 launch, median of 2 runs\n")
     (row,) = [line for line in profile.splitlines() if "nn.dense+nn.bias_add+nn.relu" in line]
     assert row.split()[1:2] == ["1"] and "100.0%" in row and "float32[4, 3]" in row
