@@ -276,19 +276,46 @@ def _model_and_params(args: argparse.Namespace) -> tuple[IRModule, dict[str, np.
     return mod, params or None
 
 
+_EMIT = {"tir": "tir", "ll": "ll", "asm": "s", "cuda": "cu", "ptx": "ptx"}  # --emit kind -> file suffix
+
+
+def _emit_kinds(spec: str | None, target: str) -> list[str]:
+    kinds = [k.strip() for k in (spec or "").split(",") if k.strip()]
+    allowed = ("tir", "cuda", "ptx") if Target(target).kind.name == "cuda" else ("tir", "ll", "asm")
+    for kind in kinds:
+        if kind not in allowed:
+            raise CliError(f"--emit {kind!r}: a {Target(target).kind.name} library's kernels have "
+                           + ", ".join(allowed))
+    return kinds
+
+
 def _cmd_compile(args: argparse.Namespace) -> None:
+    import contextlib
+    import os
+
     from kiln import relay
+    from kiln.ir.transform import PassContext, PrintIRInstrument
 
     mod, params = _model_and_params(args)
+    kinds = _emit_kinds(args.emit, args.target)
     bar = ProgressBar()
     start = time.perf_counter()
-    try:
-        lib = relay.build(mod, target=args.target, params=params, progress=bar)
-    finally:
-        bar.finish()
+    with contextlib.ExitStack() as stack:
+        if args.dump_ir or kinds:  # a cached library ran no passes and holds object code only: build afresh
+            stack.callback(os.environ.__setitem__, "KILN_CACHE", os.environ.get("KILN_CACHE", "1"))
+            os.environ["KILN_CACHE"] = "0"
+        if args.dump_ir:  # relay.build's own opt level, and every pass's output written to the folder
+            stack.enter_context(PassContext(opt_level=3, instruments=[PrintIRInstrument(folder=args.dump_ir)]))
+        try:
+            lib = relay.build(mod, target=args.target, params=params, progress=bar)
+        finally:
+            bar.finish()
     seconds = time.perf_counter() - start
     try:
         lib.export(args.output)
+        emitted = [Path(args.output).with_suffix("." + _EMIT[kind]) for kind in kinds]
+        for kind, path in zip(kinds, emitted, strict=True):
+            path.write_text(lib.get_source(kind))
     except OSError as err:
         raise CliError(f"cannot write the library: {_os_message(err)}") from None
     slots = [lib.graph.slots[s] for s in lib.graph.inputs]
@@ -297,6 +324,10 @@ def _cmd_compile(args: argparse.Namespace) -> None:
     print(f"kiln: compiled {kernels} kernel{'s' * (kernels != 1)} in {seconds:.2f} s for {lib.target.kind.name}; "
           f"wrote {args.output} (inputs: {inputs or 'none'}; {outputs} output{'s' * (outputs != 1)})",
           file=sys.stderr)
+    for kind, path in zip(kinds, emitted, strict=True):
+        print(f"kiln: wrote {path} (the {kind} of the {kernels} kernels)", file=sys.stderr)
+    if args.dump_ir:
+        print(f"kiln: wrote the IR after each pass to {args.dump_ir}", file=sys.stderr)
     if lib.graph.symbols:
         print(f"kiln: the dynamic dims stay symbolic ({', '.join(lib.graph.symbols)}): the library runs any size "
               "that agrees across its inputs (--shape NAME=D0,D1,... fixes them instead)", file=sys.stderr)
@@ -473,6 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=shape_help)
     comp.add_argument("--target", default="llvm", help="the target (default: llvm, the host CPU)")
     comp.add_argument("-o", "--output", required=True, metavar="OUT.kiln", help="the library file to write")
+    comp.add_argument("--dump-ir", metavar="DIR", help="write the IR after every pass to DIR, numbered in order "
+                      "(001_InferType.txt, ...)")
+    comp.add_argument("--emit", metavar="KINDS", help="also write the kernels' code beside OUT.kiln: a comma list "
+                      "of tir, ll, asm (CPU) or tir, cuda, ptx (GPU), as OUT.tir, OUT.ll, OUT.s, OUT.cu, OUT.ptx")
 
     bench = _add(sub, "bench", _cmd_bench,
                  "time a compiled model on random inputs, beside onnxruntime for an ONNX model")

@@ -13,7 +13,7 @@ import cuda_standin
 import numpy as np
 import pytest
 
-from kiln import registry, relay
+from kiln import registry, relay, runtime
 from kiln.cli import load_model, main
 from kiln.progress import ProgressBar
 from kiln.registry import OpPattern, attr, register_op
@@ -412,3 +412,21 @@ def test_an_onnx_models_output_names_name_the_outputs(tmp_path: Path, capsys: py
         np.testing.assert_allclose(saved["logits"], np.maximum(np.load(x), 0))
     err = _fails(["run", str(tmp_path / "m.onnx")], capsys)
     assert f"{str(tmp_path / 'm.onnx')!r} is an ONNX model: `kiln run` runs what `kiln compile` writes." in err
+
+
+def test_compile_dumps_the_ir_of_every_pass_and_emits_the_kernels_code(files: dict[str, Path],
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    lib = _compile(files, capsys)  # the library cache now holds it: --emit must build afresh to have the text
+    dump, out = files["dir"] / "ir", files["dir"] / "emitted.kiln"
+    assert main(["compile", str(files["model"]), "--params", str(files["params"]), "-o", str(out),
+                 "--dump-ir", str(dump), "--emit", "tir,ll,asm"]) == 0
+    err = capsys.readouterr().err
+    assert f"kiln: wrote {out.with_suffix('.s')} (the asm of the 1 kernels)" in err
+    passes = sorted(p.name for p in dump.iterdir())
+    assert passes[0] == "001_InferType.txt" and any(p.endswith("_FuseOps.txt") for p in passes)
+    assert "nn.dense" in (dump / passes[0]).read_text()
+    assert out.with_suffix(".tir").read_text().startswith("# kernel fused_0\n")
+    assert "define" in out.with_suffix(".ll").read_text() and "kiln_fused_0:" in out.with_suffix(".s").read_text()
+    assert runtime.load(lib).get_source("tir").startswith("# kernel fused_0")
+    assert "--emit 'cuda': a llvm library's kernels have tir, ll, asm" in _fails(
+        ["compile", str(files["model"]), "--params", str(files["params"]), "-o", str(out), "--emit", "cuda"], capsys)

@@ -219,6 +219,17 @@ class Library:
         """The bytes of the intermediate buffers after memory planning."""
         return sum(self.graph.storage_sizes)
 
+    def get_source(self, kind: str = "ll") -> str:
+        """Every kernel's code of one kind, each after a comment line naming it: "tir" (loop IR), "ll"
+        (LLVM IR) or "asm" for a CPU library, "cuda" (CUDA C) or "ptx" for a GPU one.
+
+        Raises:
+            ValueError: a kind the kernels do not have; KilnError: "ll" / "asm" of a library loaded from a
+                file (it holds object code).
+        """
+        comment = {"ll": ";", "asm": "#", "tir": "#"}.get(kind, "//")
+        return "\n".join(f"{comment} kernel {k.name}\n{k.get_source(kind)}" for k in self.kernels)
+
     def __repr__(self) -> str:
         g = self.graph
 
