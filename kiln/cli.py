@@ -41,12 +41,12 @@ from typing import Any
 
 import numpy as np
 
-from kiln import __version__, registry
+from kiln import __version__, log, registry
 from kiln.errors import KilnError, did_you_mean
 from kiln.ir.module import IRModule
 from kiln.progress import ProgressBar
 from kiln.relay.backend.build_module import optimize_explained
-from kiln.target import Target, TargetKind, TargetTag
+from kiln.target import Target, TargetKind, TargetTag, TDeviceType
 
 
 class CliError(KilnError, ValueError):
@@ -281,7 +281,8 @@ _EMIT = {"tir": "tir", "ll": "ll", "asm": "s", "cuda": "cu", "ptx": "ptx"}  # --
 
 def _emit_kinds(spec: str | None, target: str) -> list[str]:
     kinds = [k.strip() for k in (spec or "").split(",") if k.strip()]
-    allowed = ("tir", "cuda", "ptx") if Target(target).kind.name == "cuda" else ("tir", "ll", "asm")
+    gpu = Target(target).kind.get_attr(TDeviceType) == "cuda"
+    allowed = ("tir", "cuda", "ptx") if gpu else ("tir", "ll", "asm")
     for kind in kinds:
         if kind not in allowed:
             raise CliError(f"--emit {kind!r}: a {Target(target).kind.name} library's kernels have "
@@ -472,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     """Returns the argument parser of the `kiln` command."""
     parser = argparse.ArgumentParser(prog="kiln", description="kiln, a deep-learning compiler")
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log what kiln does to stderr: -v builds and caches, -vv more (also KILN_LOG_LEVEL)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ops = _add(sub, "ops", _cmd_ops, "list the registered ops, or show one in full")
@@ -538,6 +541,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the `kiln` command; returns its exit status."""
     args = build_parser().parse_args(argv)
+    if args.verbose:
+        log.set_level("INFO" if args.verbose == 1 else "DEBUG")
     try:
         args.run(args)
     except KilnError as err:

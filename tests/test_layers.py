@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "relay": {"registry", "ir", "target", "tir", "te", "runtime"},
     "codegen": {"registry", "ir", "target", "tir", "runtime"},
 }
-LEAVES = {"kiln.errors", "kiln.version"}
+LEAVES = {"kiln.errors", "kiln.log", "kiln.version"}
 MAX_LINES = 800
 
 

@@ -26,6 +26,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from kiln import log
 from kiln.errors import KilnError
 from kiln.runtime import trust
 from kiln.runtime.library import Library, load
@@ -55,6 +56,9 @@ def path(key: str) -> Path:
     return folder() / f"{key}.kiln"
 
 
+_LOG = log.get("library_cache")
+
+
 def find(key: str) -> Library | None:
     """The library stored under `key`, or None (absent, or refused: then deleted).
 
@@ -70,7 +74,8 @@ def find(key: str) -> Library | None:
         trust.check_private_folder(d, "kiln cache folder")
     try:
         lib = load(file)
-    except (KilnError, OSError):  # altered, truncated, not ours, for another CPU or GPU: compile instead
+    except (KilnError, OSError) as err:  # altered, truncated, not ours, for another CPU or GPU: compile instead
+        _LOG.warning("library cache: %s refused (%s); compiling instead", file.name, err)
         lib = None
     if lib is None or lib.cache_key != key:
         with contextlib.suppress(OSError):

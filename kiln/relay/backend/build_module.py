@@ -18,11 +18,13 @@ import importlib.metadata
 import itertools
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from kiln import log
 from kiln.errors import KilnError
 from kiln.ir.module import IRModule
 from kiln.ir.transform import Pass, PassContext, Sequential
@@ -41,6 +43,8 @@ from kiln.runtime.library import Graph, Launch, Library, Slot
 from kiln.runtime.module import numpy_dtype
 from kiln.target import Target, TDeviceType, detect
 from kiln.version import source_digest
+
+_LOG = log.get("relay.build")
 
 
 class BuildError(KilnError, ValueError):
@@ -359,10 +363,13 @@ def build(
     """
     tgt = target if isinstance(target, Target) else Target(target)
     tgt.backend()  # a kind without a back end fails here, before any pass runs
+    start = time.perf_counter()
     key = library_key(mod, params, tgt, specialize)
     if key is not None:
         cached = library_cache.find(key)
         if cached is not None:
+            _LOG.info("%d kernels for %s from the library cache (%.2f s)", len(cached.kernels),
+                      tgt.summary(), time.perf_counter() - start)
             return cached
     base = _main(mod, params)
     combos = _specializations(base["main"], specialize)
@@ -378,6 +385,9 @@ def build(
                   output_names=_output_names(base["main"], len(graphs[0].outputs)))
     if key is not None:
         library_cache.store(key, lib)
+    _LOG.info("compiled %d kernels, %d launches for %s in %.2f s%s", len(lib.kernels),
+              len(lib.graph.launches), tgt.summary(), time.perf_counter() - start,
+              "" if key is None else " (stored in the library cache)" if library_cache.enabled() else "")
     return lib
 
 
