@@ -31,6 +31,7 @@ of `kiln bench` lives in `kiln.bench`, the progress bar in `kiln.progress`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -436,6 +437,31 @@ def _cmd_bench(args: argparse.Namespace) -> None:
                   onnxruntime=_is_onnx(args.model) and not args.no_onnxruntime, per_kernel=args.per_kernel)
 
 
+def _cmd_cache(args: argparse.Namespace) -> None:
+    from kiln.codegen import cache
+    from kiln.runtime import library_cache
+
+    folder = library_cache.cache_directory()
+    kinds = {"kernels": (cache.kernel_files, cache.MAX_FILES, cache.MAX_BYTES),
+             "libraries": (lambda: library_cache.folder().glob("*.kiln"), library_cache.MAX_ENTRIES,
+                           library_cache.MAX_BYTES)}
+    if args.action == "clear":
+        removed = 0
+        for files, _, _ in kinds.values():
+            for f in files():
+                with contextlib.suppress(FileNotFoundError):
+                    f.unlink()
+                    removed += 1
+        print(f"kiln cache: removed {removed} files from {folder}")
+        return
+    state = "on" if library_cache.enabled() else "off (KILN_CACHE=0)"
+    print(f"kiln cache: {folder} ({state})")
+    for name, (files, most, limit) in kinds.items():
+        count, total = library_cache.usage(files())
+        print(f"  {name:9} {count:6} files, {total / 2**20:9.1f} MiB  (kept: {most} files, "
+              f"{limit / 2**30:.0f} GiB at most; the least recently used go first)")
+
+
 def _cmd_demo(args: argparse.Namespace) -> None:
     from kiln import demo
 
@@ -534,6 +560,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run a library that your kiln did not write (its code runs with your rights; "
                           "its structure is still checked): see SECURITY.md")
 
+    cache = _add(sub, "cache", _cmd_cache, "the compiled-kernel and library cache: where it is and what it holds, "
+                 "or empty it")
+    cache.add_argument("action", choices=["info", "clear"], nargs="?", default="info",
+                       help="info (default): the folder, its files and bytes; clear: remove them")
     _add(sub, "demo", _cmd_demo, "the main job that `make demo` runs: build, check and time an MLP and a CNN")
     return parser
 

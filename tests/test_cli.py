@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -430,3 +431,42 @@ def test_compile_dumps_the_ir_of_every_pass_and_emits_the_kernels_code(files: di
     assert runtime.load(lib).get_source("tir").startswith("# kernel fused_0")
     assert "--emit 'cuda': a llvm library's kernels have tir, ll, asm" in _fails(
         ["compile", str(files["model"]), "--params", str(files["params"]), "-o", str(out), "--emit", "cuda"], capsys)
+
+
+def test_cache_info_and_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KILN_CACHE_DIR", str(cache))
+    for name, size in [("ab/ab12.kobj", 3000), ("cd/cd34.kobj", 1000), ("libraries/ef56.kiln", 2**20)]:
+        (cache / name).parent.mkdir(parents=True, exist_ok=True)
+        (cache / name).write_bytes(b"\0" * size)
+    (cache / "secret.key").write_bytes(b"not a cache entry")
+    assert main(["cache"]) == 0
+    info = capsys.readouterr().out.splitlines()
+    assert info[0] == f"kiln cache: {cache} (on)"
+    assert info[1].split()[:5] == ["kernels", "2", "files,", "0.0", "MiB"]
+    assert info[2].split()[:5] == ["libraries", "1", "files,", "1.0", "MiB"]
+    assert main(["cache", "clear"]) == 0
+    assert capsys.readouterr().out == f"kiln cache: removed 3 files from {cache}\n"
+    assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == ["secret.key"]
+
+
+def test_the_cache_folder_follows_xdg_and_keeps_the_most_recently_used(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.runtime import library_cache
+
+    monkeypatch.delenv("KILN_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert library_cache.cache_directory() == tmp_path / "xdg" / "kiln"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # not absolute: ignored, as the XDG spec says
+    assert library_cache.cache_directory() == Path.home() / ".cache" / "kiln"
+    entries = []
+    for i in range(5):
+        f = tmp_path / f"{i}.kobj"
+        f.write_bytes(b"x" * 100)
+        os.utime(f, (1000 + i, 1000 + i))
+        entries.append(f)
+    library_cache.trim(entries, max_files=3, max_bytes=10_000)
+    assert sorted(f.name for f in tmp_path.glob("*.kobj")) == ["2.kobj", "3.kobj", "4.kobj"]
+    library_cache.trim(tmp_path.glob("*.kobj"), max_files=3, max_bytes=250)
+    assert sorted(f.name for f in tmp_path.glob("*.kobj")) == ["3.kobj", "4.kobj"]

@@ -4,9 +4,10 @@ A kernel's key is the sha256 of its canonical loop-IR text (`str(prim_func)`),
 the target string (CPU name and features), the llvmlite version, kiln's
 version and a digest of the code generator's source files. In memory, a bounded LRU dict of
 compiled `Module`s; on disk, one file per key under `$KILN_CACHE_DIR` (default
-`~/.cache/kiln`) holding the object code behind a header with its length,
+`$XDG_CACHE_HOME/kiln` or `~/.cache/kiln`) holding the object code behind a header with its length,
 checksum, key and an HMAC-SHA256 tag of key and code under the user's secret
-(`kiln.runtime.trust`). A cache entry is code: the sha256 only detects
+(`kiln.runtime.trust`); at most `MAX_FILES` files and `MAX_BYTES` in all, the least recently used removed
+first (`kiln cache info` / `kiln cache clear` show and empty the folder). A cache entry is code: the sha256 only detects
 accidents (anyone can recompute it), the tag tells that this user's kiln
 wrote the entry. A file whose header, length, checksum, key or tag does not
 match is deleted and the kernel recompiled: it is never loaded (`corrupt`
@@ -29,6 +30,7 @@ import struct
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,6 +59,14 @@ _MEMORY_LIMIT = 64  # live Modules: each holds a JIT engine, about 50 KB of nati
 
 enabled = library_cache.enabled  # KILN_CACHE, for both caches
 directory = library_cache.cache_directory
+MAX_FILES = 100_000  # kernels kept on disk at most (the least recently used go first)
+MAX_BYTES = 2 << 30  # and bytes of them in all
+_TRIM_EVERY = 256  # stores between two trims (a trim reads every file's time)
+
+
+def kernel_files() -> Iterator[Path]:
+    """The kernel cache's files on disk."""
+    return directory().glob("??/*.kobj")
 
 
 def cache_key(func_text: str, target: Target) -> str:
@@ -76,6 +86,7 @@ class KernelCache:
         self._limit = limit
         self._lock = threading.Lock()
         self.hits = self.misses = self.disk_hits = self.corrupt = self.untrusted = 0
+        self._stores = 0
 
     # -- memory ------------------------------------------------------------------------
 
@@ -130,6 +141,8 @@ class KernelCache:
                 path.unlink()
             return None
         self.disk_hits += 1
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: trimmed last
         return got
 
     def store(self, key: str, obj: bytes, symbols: list[str]) -> None:
@@ -153,7 +166,10 @@ class KernelCache:
                 os.unlink(tmp)
                 raise
         except OSError:
-            pass
+            return
+        self._stores += 1
+        if self._stores % _TRIM_EVERY == 1:  # the first store of a process, then every so often
+            library_cache.trim(kernel_files(), MAX_FILES, MAX_BYTES)
 
 
 def _private_folders(folder: Path, create: bool) -> bool:

@@ -12,8 +12,8 @@ secret (`kiln.runtime.trust`) and fully validated by `runtime.load` before any
 of its code is linked; the key is written inside the signed file, so an entry
 renamed to another key is refused. A refused or unreadable entry is deleted
 and the model compiled. Entries live in `libraries/` of the kernel cache's
-folder (`$KILN_CACHE_DIR`, default `~/.cache/kiln`; `KILN_CACHE=0` turns it
-off), owned by the user and closed to others; at most `MAX_ENTRIES` files and
+folder (`$KILN_CACHE_DIR`, default `$XDG_CACHE_HOME/kiln` or `~/.cache/kiln`; `KILN_CACHE=0`
+turns it off), owned by the user and closed to others; at most `MAX_ENTRIES` files and
 `MAX_BYTES` in all are kept, the least recently used removed first. CPU and
 CUDA libraries alike: a CUDA entry holds CUBINs, and one whose architecture
 the current GPU cannot run is refused by `load` (then deleted and rebuilt).
@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from kiln import log
@@ -41,9 +42,13 @@ def enabled() -> bool:
 
 
 def cache_directory() -> Path:
-    """kiln's cache folder: `$KILN_CACHE_DIR`, else `~/.cache/kiln` (the kernel cache's too)."""
+    """kiln's cache folder (the kernel cache's too): `$KILN_CACHE_DIR`, else `kiln` in the platform's cache
+    folder (`$XDG_CACHE_HOME` when it is an absolute path, else `~/.cache`)."""
     env = os.environ.get("KILN_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "kiln"
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "kiln"
 
 
 def folder() -> Path:
@@ -113,8 +118,13 @@ def store(key: str, lib: Library) -> None:
 
 def _trim() -> None:
     """Removes the least recently used entries beyond `MAX_ENTRIES` files or `MAX_BYTES`."""
+    trim(folder().glob("*.kiln"), MAX_ENTRIES, MAX_BYTES)
+
+
+def trim(files: Iterable[Path], max_files: int, max_bytes: int) -> None:
+    """Removes the least recently used (modified) of `files` beyond `max_files` files or `max_bytes` in all."""
     entries = []
-    for f in folder().glob("*.kiln"):
+    for f in files:
         with contextlib.suppress(OSError):
             st = f.stat()
             entries.append((st.st_mtime, st.st_size, f))
@@ -122,6 +132,16 @@ def _trim() -> None:
     total = 0
     for n, (_, size, f) in enumerate(entries):
         total += size
-        if n >= MAX_ENTRIES or total > MAX_BYTES:
+        if n >= max_files or total > max_bytes:
             with contextlib.suppress(OSError):
                 f.unlink()
+
+
+def usage(files: Iterable[Path]) -> tuple[int, int]:
+    """How many of `files` there are and their bytes in all."""
+    count = total = 0
+    for f in files:
+        with contextlib.suppress(OSError):
+            total += f.stat().st_size
+            count += 1
+    return count, total
