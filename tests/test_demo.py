@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import attrs
 import pytest
 
@@ -45,3 +47,12 @@ def test_kiln_demo_runs_the_main_job_and_leaves_the_registry_as_it_was(
     out = capsys.readouterr().out
     assert out.count("kiln runs at") == 2
     assert registry.Op.list_names() == before
+
+
+def test_without_the_onnx_extra_the_demo_says_what_it_would_add(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if not installed: `import onnx` raises ImportError
+    demo.run_onnx_models(repeat=1)
+    assert capsys.readouterr().out == (
+        "\n-- ONNX: skipped: the onnx package is not installed. pip install 'kiln[onnx]' adds this part: a CNN and "
+        "a transformer block imported from ONNX, run and timed beside onnxruntime\n")
