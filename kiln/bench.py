@@ -85,6 +85,7 @@ def compare(
     onnxruntime: bool = True,
     out: IO[str] | None = None,
     per_kernel: bool = False,
+    html: str | None = None,
 ) -> dict[str, float]:
     """Compiles `mod`, times it on random inputs and, for an ONNX model, times onnxruntime beside it.
 
@@ -96,6 +97,7 @@ def compare(
         onnxruntime: whether to time onnxruntime on `model` too.
         out: where to print (default stdout).
         per_kernel: then time each kernel launch over `repeat` runs and print the kernels by time.
+        html: also write that per-kernel profile to this file as an HTML bar chart (`kiln.runtime.draw`).
 
     Returns:
         The times in seconds by runner ("kiln", and "onnxruntime" when it ran), and the
@@ -136,9 +138,17 @@ def compare(
                  for a, b in zip(outputs, reference, strict=False)]
         times["max_abs_diff"] = max(diffs, default=0.0)
         print(f"max |kiln - onnxruntime| over the outputs: {times['max_abs_diff']:.3g}", file=stream)
-    if per_kernel:
-        print(file=stream)
-        print(ex.profile(repeat=repeat, warmup=1, **inputs), file=stream)
+    if per_kernel or html:
+        profile = ex.profile(repeat=repeat, warmup=1, **inputs)
+        if per_kernel:
+            print(file=stream)
+            print(profile, file=stream)
+        if html:
+            from kiln.runtime.draw import profile_html
+
+            with open(html, "w", encoding="utf-8") as f:
+                f.write(profile_html(profile, f"kiln per-kernel profile: {label}"))
+            print(f"wrote the per-kernel profile to {html}", file=stream)
     return times
 
 

@@ -256,8 +256,8 @@ def _cmd_target(args: argparse.Namespace) -> None:
 def _cmd_show(args: argparse.Namespace) -> None:
     from kiln.relay.printer import astext
 
-    if args.params and not args.fusion:
-        raise CliError("--params is used by --fusion only (the typed IR is printed before any binding)")
+    if args.params and not (args.fusion or args.svg):
+        raise CliError("--params is used by --fusion and --svg only (the typed IR is printed before any binding)")
     mod, params = _model_and_params(args)
     onnx = _is_onnx(args.model)
     # An ONNX model's weights are constants: print them as meta[...] references, not their values.
@@ -268,6 +268,15 @@ def _cmd_show(args: argparse.Namespace) -> None:
             print("\n// after relay.build's passes (large constants elided as meta[...])")
             print(astext(fused, show_meta_data=False), end="")
         print(f"\n{report}")
+    if args.svg:
+        from kiln import relay
+
+        lib = relay.build(mod, target=args.target, params=params)
+        try:
+            lib.draw(args.svg)
+        except OSError as err:
+            raise CliError(f"cannot write the picture: {_os_message(err)}") from None
+        print(f"\nwrote the fused graph ({len(lib.graph.launches)} launches) to {args.svg}")
 
 
 def _model_and_params(args: argparse.Namespace) -> tuple[IRModule, dict[str, np.ndarray] | None]:
@@ -433,8 +442,12 @@ def _cmd_bench(args: argparse.Namespace) -> None:
     mod, params = _model_and_params(args)
     if args.repeat < 1:
         raise CliError("--repeat must be at least 1")
-    bench.compare(args.model, mod, params, target=args.target, repeat=args.repeat,
-                  onnxruntime=_is_onnx(args.model) and not args.no_onnxruntime, per_kernel=args.per_kernel)
+    try:
+        bench.compare(args.model, mod, params, target=args.target, repeat=args.repeat,
+                      onnxruntime=_is_onnx(args.model) and not args.no_onnxruntime, per_kernel=args.per_kernel,
+                      html=args.html)
+    except OSError as err:
+        raise CliError(f"cannot write the profile: {_os_message(err)}") from None
 
 
 def _cmd_cache(args: argparse.Namespace) -> None:
@@ -526,6 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also print the IR after relay.build's passes and the fusion report")
     show.add_argument("--params", metavar="P.npz", help="weights to bind by name before the passes (with --fusion)")
     show.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS", help=shape_help)
+    show.add_argument("--svg", metavar="OUT.svg", help="compile the model and draw its fused graph: a box per "
+                      "kernel with the ops it fuses, edges with dtypes and shapes")
+    show.add_argument("--target", default="llvm", help="the target of --svg's build (default: llvm)")
 
     comp = _add(sub, "compile", _cmd_compile, "compile a model (Relay text or ONNX) to a library file")
     comp.add_argument("model", help=model_help)
@@ -549,6 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--per-kernel", action="store_true",
                        help="then time each kernel launch on its own (median of --repeat runs) and print the "
                             "kernels by time: the ops each fuses, calls, ms, share, output shape")
+    bench.add_argument("--html", metavar="OUT.html", help="write the per-kernel profile as an HTML bar chart")
 
     run = _add(sub, "run", _cmd_run, "run a compiled library on inputs from .npy/.npz files",
                epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -470,3 +470,17 @@ def test_the_cache_folder_follows_xdg_and_keeps_the_most_recently_used(tmp_path:
     assert sorted(f.name for f in tmp_path.glob("*.kobj")) == ["2.kobj", "3.kobj", "4.kobj"]
     library_cache.trim(tmp_path.glob("*.kobj"), max_files=3, max_bytes=250)
     assert sorted(f.name for f in tmp_path.glob("*.kobj")) == ["3.kobj", "4.kobj"]
+
+
+def test_show_draws_the_fused_graph_and_bench_writes_an_html_profile(files: dict[str, Path],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import xml.etree.ElementTree as ET
+
+    svg, html = files["dir"] / "g.svg", files["dir"] / "p.html"
+    assert main(["show", str(files["model"]), "--params", str(files["params"]), "--fusion", "--svg", str(svg)]) == 0
+    assert f"wrote the fused graph (1 launches) to {svg}" in capsys.readouterr().out
+    assert "nn.dense" in "".join(ET.parse(svg).getroot().itertext())
+    assert main(["bench", str(files["model"]), "--params", str(files["params"]), "--repeat", "2",
+                 "--no-onnxruntime", "--html", str(html)]) == 0
+    assert f"wrote the per-kernel profile to {html}" in capsys.readouterr().out
+    assert html.read_text().startswith("<!DOCTYPE html>") and "nn.dense+nn.bias_add+nn.relu" in html.read_text()

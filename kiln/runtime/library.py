@@ -219,6 +219,17 @@ class Library:
         """The bytes of the intermediate buffers after memory planning."""
         return sum(self.graph.storage_sizes)
 
+    def draw(self, path: str | Path | None = None, profile: Any = None) -> str:
+        """The fused graph as a self-contained SVG (`kiln.runtime.draw`): a box per launch with the ops it fuses,
+        edges with dtypes and shapes, each box shaded by its share of the time when `profile` (what
+        `executor.profile()` returns) is given. Written to `path` when one is given; returned either way."""
+        from kiln.runtime.draw import graph_svg
+
+        svg = graph_svg(self, profile)
+        if path is not None:
+            Path(path).write_text(svg)
+        return svg
+
     def get_source(self, kind: str = "ll") -> str:
         """Every kernel's code of one kind, each after a comment line naming it: "tir" (loop IR), "ll"
         (LLVM IR) or "asm" for a CPU library, "cuda" (CUDA C) or "ptx" for a GPU one.
