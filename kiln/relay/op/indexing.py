@@ -222,7 +222,8 @@ def _nonzero_ints(_: Any, field: attrs.Attribute[Any], value: Any) -> None:
 
 @attrs.frozen
 class StridedSliceAttrs(Attrs):
-    """numpy slicing, `data[begin:end:stride]` per axis (negative indices count from the end; clamped)."""
+    """numpy slicing, `data[begin:end:stride]` per axis (negative indices count from the end; clamped where
+    the dim and bounds are static, checked at run time where one is a size)."""
 
     begin: tuple[Dim, ...] = attrs.field(
         converter=to_dims, validator=dims(), metadata={"doc": "the first index per axis (an int or a size)"}
@@ -304,8 +305,8 @@ def _strided_slice_ref(attrs: StridedSliceAttrs, x: Array) -> Array:
 def _strided_slice_compute(attrs: StridedSliceAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x, shape = inputs[0], shape_dims(out_type)
     dims = te_dims(x)
-    # Python's range slicing is numpy's: the first index and the step of each static sliced axis; a slice
-    # with a symbolic dim or bound has unit stride (the relation says so) and starts at its first index
+    # the first index and the step of each sliced axis (`_bounds`: Python's range slicing, which is numpy's,
+    # where all is static; else the unclamped first index, which the size checks keep in range)
     picked: dict[int, tuple[DimExpr, int]] = {}
     for axis, begin, end, stride in attrs.slices(x.ndim):
         d = dims[axis]
