@@ -47,6 +47,7 @@ from kiln.errors import KilnError, did_you_mean
 from kiln.ir.module import IRModule
 from kiln.progress import ProgressBar
 from kiln.relay.backend.build_module import optimize_explained
+from kiln.runtime.library import is_library_file
 from kiln.target import Target, TargetKind, TargetTag, TDeviceType
 
 
@@ -106,15 +107,6 @@ def _is_onnx(path: str | Path) -> bool:
     return str(path).endswith(".onnx")
 
 
-def _is_library(path: str | Path) -> bool:
-    """Whether the file starts as a library `kiln compile` wrote does."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(7) == b"KILNLIB"
-    except OSError:
-        return False
-
-
 def parse_shapes(specs: Sequence[str]) -> dict[str, tuple[int | str, ...]]:
     """`--shape NAME=1,3,224,224` options as {name: shape}; a dim that is not a number stays symbolic."""
     shapes: dict[str, tuple[int | str, ...]] = {}
@@ -131,7 +123,7 @@ def parse_shapes(specs: Sequence[str]) -> dict[str, tuple[int | str, ...]]:
 
 def load_any(path: str | Path, shapes: Sequence[str] = ()) -> tuple[IRModule, dict[str, np.ndarray]]:
     """A model in the Relay text format (no params) or an ONNX model (its initializers frozen), typed."""
-    if _is_library(path):
+    if is_library_file(path):
         raise CliError(f"{str(path)!r} is a compiled kiln library, not a model (ONNX or Relay text): run it with "
                        f"`kiln run {path}`, or give the model it was compiled from")
     if _is_onnx(path):
@@ -291,11 +283,11 @@ _EMIT = {"tir": "tir", "ll": "ll", "asm": "s", "cuda": "cu", "ptx": "ptx"}  # --
 
 def _emit_kinds(spec: str | None, target: str) -> list[str]:
     kinds = [k.strip() for k in (spec or "").split(",") if k.strip()]
-    gpu = Target(target).kind.get_attr(TDeviceType) == "cuda"
-    allowed = ("tir", "cuda", "ptx") if gpu else ("tir", "ll", "asm")
+    kind_of = Target(target).kind
+    allowed = ("tir", "cuda", "ptx") if kind_of.get_attr(TDeviceType) == "cuda" else ("tir", "ll", "asm")
     for kind in kinds:
         if kind not in allowed:
-            raise CliError(f"--emit {kind!r}: a {Target(target).kind.name} library's kernels have "
+            raise CliError(f"--emit {kind!r}: a {kind_of.name} library's kernels have "
                            + ", ".join(allowed))
     return kinds
 
@@ -330,7 +322,7 @@ def _cmd_compile(args: argparse.Namespace) -> None:
     except OSError as err:
         raise CliError(f"cannot write the library: {_os_message(err)}") from None
     slots = [lib.graph.slots[s] for s in lib.graph.inputs]
-    inputs = ", ".join(f"{s.name} {s.dtype}[{', '.join(map(str, s.shape))}]" for s in slots)
+    inputs = ", ".join(f"{s.name} {s.text}" for s in slots)
     kernels, outputs = len(lib.kernels), len(lib.graph.outputs)
     print(f"kiln: compiled {kernels} kernel{'s' * (kernels != 1)} in {seconds:.2f} s for {lib.target.kind.name}; "
           f"wrote {args.output} (inputs: {inputs or 'none'}; {outputs} output{'s' * (outputs != 1)})",
@@ -389,7 +381,7 @@ def _summary(arr: np.ndarray) -> str:
 def _cmd_run(args: argparse.Namespace) -> None:
     from kiln import runtime
 
-    if Path(args.library).is_file() and not _is_library(args.library):
+    if Path(args.library).is_file() and not is_library_file(args.library):
         what = "an ONNX model" if _is_onnx(args.library) else "not a kiln library"
         stem = Path(args.library).with_suffix(".kiln")
         raise CliError(f"{args.library!r} is {what}: `kiln run` runs what `kiln compile` writes. Compile it first "

@@ -16,15 +16,11 @@ from html import escape
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kiln.runtime.library import Library, Slot
+    from kiln.runtime.library import Library
     from kiln.runtime.profile import Profile
 
 _W, _LINE, _GAP_X, _GAP_Y, _PAD = 300, 15, 40, 56, 8  # box width, line height, gaps, text padding (px)
 _CHARS = 44  # characters of a line in a box before it is cut
-
-
-def _value(slot: Slot) -> str:
-    return f"{slot.dtype}[{', '.join(map(str, slot.shape))}]"
 
 
 def _cut(text: str) -> str:
@@ -48,7 +44,7 @@ def graph_svg(lib: Library, profile: Profile | None = None) -> str:
     edges: list[tuple[int, int, str]] = []
     for s in g.inputs:
         made[s] = len(boxes)
-        boxes.append(("input", [f"input {g.slots[s].name}", _value(g.slots[s])], "#e8f1fb", g.slots[s].name))
+        boxes.append(("input", [f"input {g.slots[s].name}", g.slots[s].text], "#e8f1fb", g.slots[s].name))
         level.append(0)
     shares = {t.index: t.seconds for t in profile.launches} if profile is not None else {}
     total = sum(shares.values())
@@ -59,7 +55,7 @@ def graph_svg(lib: Library, profile: Profile | None = None) -> str:
         if sources:
             lines.append(_cut("at " + ", ".join(sources)))
         if launch.outputs:
-            lines.append(_value(g.slots[launch.outputs[0]]))
+            lines.append(g.slots[launch.outputs[0]].text)
         share = shares[n] / total if total > 0 and n in shares else None
         if share is not None:
             lines.append(f"{share:.1%} of the kernels' time")
@@ -67,17 +63,17 @@ def graph_svg(lib: Library, profile: Profile | None = None) -> str:
         fill = _shade(shares[n] / max(shares.values())) if share is not None else "#ffffff"
         boxes.append(("launch", lines, fill, " + ".join(ops)))
         level.append(1 + max((level[r] for r in reads), default=0))
-        edges += [(r, box, _value(g.slots[s])) for s, r in zip(dict.fromkeys(launch.inputs), reads, strict=False)
+        edges += [(r, box, g.slots[s].text) for s, r in zip(dict.fromkeys(launch.inputs), reads, strict=False)
                   if s in made]
         for s in launch.outputs:
             made[s] = box
     for k, s in enumerate(g.outputs):
         src = made.get(s)
-        boxes.append(("output", [f"output {lib.output_names[k]}", _value(g.slots[s])], "#eaf6ea",
+        boxes.append(("output", [f"output {lib.output_names[k]}", g.slots[s].text], "#eaf6ea",
                       lib.output_names[k]))
         level.append(1 + (level[src] if src is not None else 0))
         if src is not None:
-            edges.append((src, len(boxes) - 1, _value(g.slots[s])))
+            edges.append((src, len(boxes) - 1, g.slots[s].text))
     return _svg(boxes, level, edges)
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.types import Dim, SymDim, dim_names, dim_value, size_name
-from kiln.runtime.library import ExecutorError, Graph, Library, Slot
+from kiln.runtime.library import ExecutorError, Graph, Library, Slot, format_bytes
 from kiln.runtime.module import KernelMemoryError, numpy_dtype
 from kiln.runtime.profile import Profile, make_profile
 from kiln.target import TDeviceType
@@ -69,14 +69,6 @@ def host_memory_bytes() -> int | None:
         if text.isdigit() and int(text) > 0:
             limits.append(int(text))
     return min(limits) if limits else None
-
-
-def format_bytes(n: int) -> str:
-    """`n` bytes in the largest binary unit that keeps it at least 1 ("1.5 GiB", "12 bytes")."""
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{n} bytes"
 
 
 def slot_bytes(slot: Slot) -> int:

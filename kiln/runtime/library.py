@@ -94,6 +94,11 @@ class Slot:
         return all(isinstance(d, int) for d in self.shape)
 
     @property
+    def text(self) -> str:
+        """Its dtype and shape as messages and pictures write them: `float32[n, 128]`."""
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+    @property
     def dims(self) -> tuple[int, ...]:
         """The shape of a static slot (a graph specialized to sizes has only those)."""
         if not self.is_static:
@@ -245,9 +250,9 @@ class Library:
         g = self.graph
 
         def value(s: int, name: str) -> str:
-            return f"{name}: {g.slots[s].dtype}[{', '.join(map(str, g.slots[s].shape))}]"
+            return f"{name}: {g.slots[s].text}"
 
-        memory = "memory planned per size" if g.symbols else f"{_byte_text(self.planned_bytes)} of buffers planned"
+        memory = "memory planned per size" if g.symbols else f"{format_bytes(self.planned_bytes)} of buffers planned"
         more = f", {len(self.variants)} specialized variant(s)" if self.variants else ""
         return (f"<kiln.Library for {self.target.summary()}: {len(self.kernels)} kernels, {len(g.launches)} "
                 f"launches, {memory}{more}; inputs {', '.join(value(s, g.slots[s].name) for s in g.inputs)}; "
@@ -313,12 +318,23 @@ class Library:
         Path(path).write_bytes(_MAGIC + struct.pack("<Q", len(payload)) + digest + tag + payload)
 
 
-def _byte_text(n: int) -> str:
-    """`n` bytes as people read them: 512 B, 3.0 KiB, 1.5 MiB, 2.0 GiB."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+def format_bytes(n: int) -> str:
+    """`n` bytes in the largest binary unit that keeps it at least 1 ("1.5 GiB", "12 bytes")."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
+
+
+def is_library_file(path: str | Path) -> bool:
+    """Whether the file starts as a library file does (of this format or an older one): what `load` reads,
+    as opposed to a model. An unreadable file is not one."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_MAGIC))
+    except OSError:
+        return False
+    return head == _MAGIC or head in _OLD_MAGICS
 
 
 def _graph_entry(graph: Graph, array: Callable[[np.ndarray], int]) -> dict[str, Any]:
