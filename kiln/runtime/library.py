@@ -154,12 +154,12 @@ class Graph:
                 names = sorted({*dim_names(small), *dim_names(large)})
                 raise ExecutorError(f"{what} needs {small} <= {large}, which the sizes "
                                     + ", ".join(f"{n} = {env[n]}" for n in names) + f" break{came}")
-        for slot in self.slots:
-            if any(dim_value(d, env) < 0 for d in slot.shape):
+        slots = [slot.concrete(env) for slot in self.slots]
+        for slot, sized in zip(self.slots, slots, strict=True):
+            if any(d < 0 for d in sized.dims):
                 raise ExecutorError(f"the value {slot.name!r} of shape ({', '.join(map(str, slot.shape))}) has a "
                                     f"negative dim at the sizes {dict(env)}{came}")
-        graph = Graph([slot.concrete(env) for slot in self.slots], self.launches, self.inputs, self.outputs,
-                      self.constants)
+        graph = Graph(slots, self.launches, self.inputs, self.outputs, self.constants)
         graph.plan_memory()
         return graph
 
