@@ -304,10 +304,10 @@ def _cmd_compile(args: argparse.Namespace) -> None:
     bar = ProgressBar()
     start = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        if args.dump_ir or kinds:  # a cached library ran no passes and holds object code only: build afresh
+        if kinds:  # a library from the cache holds object code only: build afresh for its text
             stack.callback(os.environ.__setitem__, "KILN_CACHE", os.environ.get("KILN_CACHE", "1"))
             os.environ["KILN_CACHE"] = "0"
-        if args.dump_ir:  # relay.build's own opt level, and every pass's output written to the folder
+        if args.dump_ir:  # relay.build's own opt level; a build under instruments skips the library cache
             stack.enter_context(PassContext(opt_level=3, instruments=[PrintIRInstrument(folder=args.dump_ir)]))
         try:
             lib = relay.build(mod, target=args.target, params=params, progress=bar)

@@ -439,8 +439,9 @@ def specialize_sizes(func: rx.Function, sizes: Mapping[str, int]) -> rx.Function
 def library_key(mod: IRModule | rx.Function, params: Mapping[str, Any] | None, target: Target,
                 specialize: Mapping[str, Sequence[int]] | None = None) -> str | None:
     """The key `relay.build` stores its library under (`runtime.library_cache`), or None where it does
-    not cache: the caches are off, the target is neither a CPU nor a CUDA GPU, or code outside kiln has
-    registered something (then what a build makes depends on code no key covers).
+    not cache: the caches are off, the target is neither a CPU nor a CUDA GPU, code outside kiln has
+    registered something (then what a build makes depends on code no key covers), or the PassContext has
+    instruments (they watch the passes, which a library from the cache never runs).
 
     The sha256 of everything the build reads: kiln's own source and its compiler's version (llvmlite's;
     for cuda NVRTC's too), the target (for cuda, its arch: the machine's GPU's where the target names
@@ -459,6 +460,8 @@ def library_key(mod: IRModule | rx.Function, params: Mapping[str, Any] | None, t
     if not isinstance(func, rx.Function):
         return None
     ctx = build_context()
+    if ctx.instruments:
+        return None
     h = hashlib.sha256()
     for part in (source_digest(), compiler, str(target), str(ctx.opt_level),
                  repr(sorted(ctx.config.items())), repr(sorted(ctx.required_pass)), repr(sorted(ctx.disabled_pass)),

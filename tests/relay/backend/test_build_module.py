@@ -375,3 +375,18 @@ def test_groups_differing_only_in_weights_share_one_compiled_kernel() -> None:
         windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
         want = np.maximum(np.einsum("ncyxij,ocij->noyx", windows, w), 0)
     np.testing.assert_allclose(lib.create_executor()(x=data), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_build_under_instruments_runs_its_passes_even_when_the_library_is_cached() -> None:
+    import io
+
+    from kiln.ir.transform import PrintIRInstrument
+
+    x = relay.var("x", shape=(3, 5))
+    func = relay.Function([x], relay.exp(relay.negative(x)))
+    build(func)  # the library cache now holds it
+    for _ in range(2):
+        seen = io.StringIO()
+        with PassContext(opt_level=3, instruments=[PrintIRInstrument(stream=seen)]):
+            build(func)
+        assert "// IR after FuseOps" in seen.getvalue()
