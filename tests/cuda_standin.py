@@ -109,6 +109,36 @@ template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int la
   pthread_barrier_wait(&kiln_barrier);
   return out;
 }
+// Tensor cores (kiln.codegen.cuda_mma): kiln's fragment loads run as written; the mma.sync itself exchanges
+// the warp's fragments through memory and multiplies them as PTX lays them out (m16n8k16, row.col):
+// a_i of lane (g, t) is A[g + 8 * (i / 2 % 2)][2t + i % 2 + 8 * (i / 4)], b_i is B[2t + i % 2 + 8 * (i / 2)][g],
+// and c_i is C[g + 8 * (i / 2)][2t + i % 2]; the low half of a register is the first element.
+#define KILN_HOST_EMULATION 1
+static inline unsigned short __half_as_ushort(__half h) { unsigned short u; memcpy(&u, &h, 2); return u; }
+static unsigned kiln_mma_regs[1024][6];
+static inline float kiln_mma_half(int warp, int lane, int reg, int high) {
+  unsigned r = kiln_mma_regs[warp + lane][reg];
+  unsigned short u = (unsigned short)(high ? r >> 16 : r & 0xFFFFu);
+  _Float16 h;
+  memcpy(&h, &u, 2);
+  return (float)h;
+}
+static inline void kiln_mma_sync_16816(float* d, const unsigned* a, const unsigned* b) {
+  int tid = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+  memcpy(kiln_mma_regs[tid], a, 4 * sizeof(unsigned));
+  memcpy(kiln_mma_regs[tid] + 4, b, 2 * sizeof(unsigned));
+  pthread_barrier_wait(&kiln_barrier);
+  int warp = tid & ~31, g = (tid & 31) >> 2, t = tid & 3;
+  for (int q = 0; q < 4; ++q) {
+    int row = g + 8 * (q >> 1), col = 2 * t + (q & 1);
+    float s = d[q];
+    for (int k = 0; k < 16; ++k)
+      s += kiln_mma_half(warp, (row % 8) * 4 + (k % 8) / 2, (row >= 8) + 2 * (k >= 8), k % 2)
+           * kiln_mma_half(warp, col * 4 + (k % 8) / 2, 4 + (k >= 8), k % 2);
+    d[q] = s;
+  }
+  pthread_barrier_wait(&kiln_barrier);
+}
 """
 _SIGNATURE = re.compile(r'^extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\((.*)\) \{$', re.MULTILINE)
 _HOST_LIBS: dict[str, ctypes.CDLL] = {}

@@ -56,7 +56,8 @@ Numerics, and why:
   2**31 elements (an in-bounds offset then fits), else in int64.
 
 Cross-thread reductions (`kiln.warp_allreduce`) are warp shuffles, and shared
-memory across warps: `kiln.codegen.cuda_allreduce`. Not yet emitted:
+memory across warps: `kiln.codegen.cuda_allreduce`. Tensor-core products
+(`kiln.mma_m16n8k16`) are fragment loads and one `mma.sync`: `kiln.codegen.cuda_mma`. Not yet emitted:
 vectorized (float4) loads.
 """
 
@@ -78,6 +79,7 @@ from kiln.codegen.cuda_host import (
     split_host,
     syncthreads,
 )
+from kiln.codegen.cuda_mma import MMA_PRELUDE, calls, mma_statement
 from kiln.codegen.cuda_types import C_TYPES
 from kiln.codegen.cuda_types import float_literal as _float_literal
 from kiln.codegen.cuda_types import int_literal as _int_literal
@@ -119,6 +121,7 @@ from kiln.tir.expr import (
 )
 from kiln.tir.flatten import flatten
 from kiln.tir.functor import Node, let_chain, post_order_visit, used_vars
+from kiln.tir.mma import MMA
 from kiln.tir.simplify import Analyzer
 from kiln.tir.stmt import (
     Allocate,
@@ -372,6 +375,11 @@ class _KernelWriter:
             emit_allreduce(self, s)
         elif isinstance(v, Call) and v.name == "prefetch":
             return  # a CPU cache hint; GPUs keep their own (L2) policy
+        elif isinstance(v, Call) and v.name == MMA:
+            if self.divergent:
+                raise CodegenError(f"{self.func}: a warp's mma.sync under a condition or loop that differs between "
+                                   "threads would leave lanes out of it; move it out")
+            self.emit(mma_statement(v, self.expr))
         else:
             self.emit(f"(void)({self.expr(v)});")
 
@@ -563,7 +571,7 @@ class _KernelWriter:
         return f"(({t})({v}))"
 
     def _call(self, e: Call) -> str:
-        if e.name in (SYNC_NAME, "prefetch", ALLREDUCE):
+        if e.name in (SYNC_NAME, "prefetch", ALLREDUCE, MMA):
             raise CodegenError(f"{self.func}: intrinsic {e.name} is a statement (Evaluate), not a value")
         args = e.args
         dt = args[0].dtype if args else e.dtype
@@ -659,6 +667,8 @@ class CodeGenCUDA:
                 "template <> __device__ __forceinline__ __half kiln_max<__half>(__half a, __half b) {\n"
                 "  return __float2half(kiln_max<float>(__half2float(a), __half2float(b)));\n}\n"
             )
+        if any(calls(body, MMA) for body in bodies):
+            header.append(MMA_PRELUDE)
         source = "\n".join(header + texts)
         return CudaCode(func.name, source, tuple(kernels), tuple(workspaces), size_vars, frozenset(written), uses_half)
 

@@ -37,6 +37,7 @@ The steps, in order:
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from contextlib import ExitStack
 
 import attrs
 
@@ -300,6 +301,20 @@ class _Lowering:
         return {iv.var: self.ana.simplify(info.rmin[iv] + info.offset[iv]) for iv in info.rmin}
 
     def _infer_region(self, st: Stage) -> None:
+        # The loops around the attach point keep their variables in the region's ends; their ranges
+        # let `(f // 4 + 56) // 64` be 0 where f is a 32-thread loop (a warp's lanes, split in two).
+        # The loops it is relaxed over get their ranges too, so that a read-back index such as
+        # `(w*32 + i*8 + t*2 + j) % 64 // 32` is `w` before the loops are relaxed.
+        loops = self._enclosing(st)
+        for reader in self.info[st].readers:
+            loops += self._loops_inside(reader, st)
+        with ExitStack() as ranges:
+            for v, ext in dict(loops).items():
+                if isinstance(ext, tx.IntImm):
+                    ranges.enter_context(self.ana.bound_range(v, tx.const(0, v.dtype), ext))
+            self._infer_box(st)
+
+    def _infer_box(self, st: Stage) -> None:
         info = self.info[st]
         op = st.op
         box: list[SymInterval | None] = [None] * len(op.axis)
@@ -356,7 +371,16 @@ class _Lowering:
                     off[rel.outer], off[rel.inner] = off[rel.fused] // inner_ext, off[rel.fused] % inner_ext
         if info.buffer is None:
             shape = [info.rext[iv] for iv in st.op.axis]
+            if st.row_align is not None:
+                shape[-1] = self._aligned(st, shape[-1], *st.row_align)
             info.buffer = tir_buffer(st.name, shape, st.op.dtype, st.scope)
+
+    def _aligned(self, st: Stage, extent: PrimExpr, factor: int, offset: int) -> PrimExpr:
+        """`extent` raised to the next value = `offset` (mod `factor`) (`Stage.storage_align`)."""
+        extent = self.ana.simplify(extent)
+        if not isinstance(extent, tx.IntImm):
+            raise ScheduleError(f"storage_align on stage {st.name!r}: the row's extent {extent} is not a constant")
+        return tx.const(extent.value + (offset - extent.value) % factor)
 
     def _guards(self, st: Stage) -> list[PrimExpr]:
         """The conditions under which a leaf iteration is inside the stage's region and the tensor."""

@@ -101,6 +101,7 @@ class Stage:
         self.scope = "global"
         self.is_output = False
         self.prefetches: list[tuple[Tensor, IterVar, int]] = []
+        self.row_align: tuple[int, int] | None = None  # (factor, offset) of the last dim's allocated extent
 
     @property
     def name(self) -> str:
@@ -302,6 +303,23 @@ class Stage:
     def set_scope(self, scope: str) -> None:
         """The storage scope of this stage's temporary ("global", "local", "shared")."""
         self.scope = scope
+
+    def storage_align(self, iv: IterVar, factor: int, offset: int) -> None:
+        """Pads the stride of axis `iv` to the smallest value = `offset` (mod `factor`), as TVM's
+        storage_align: rows of a shared tile `factor + offset` elements apart fall in other memory banks.
+
+        Only the row stride of a temporary is padded here, so `iv` is the operation's second-to-last
+        axis; the last axis's allocated extent grows to that stride and the padding is never read.
+        """
+        if len(self.op.axis) < 2 or iv is not self.op.axis[-2]:
+            raise ScheduleError(f"storage_align on stage {self.name!r}: {iv.name!r} is not the second-to-last "
+                                "axis of the operation (only a row stride can be padded)")
+        if self.is_output:
+            raise ScheduleError(f"storage_align on stage {self.name!r}: an output's layout is the caller's")
+        if not (isinstance(factor, int) and isinstance(offset, int) and factor > 0 and 0 <= offset < factor):
+            raise ScheduleError(f"storage_align on stage {self.name!r}: needs 0 <= offset < factor, "
+                                f"got factor={factor!r}, offset={offset!r}")
+        self.row_align = (factor, offset)
 
 
 class Schedule:

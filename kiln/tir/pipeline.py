@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.tir.bounds_check import check_accesses
+from kiln.tir.mma import tensorize_mma
 from kiln.tir.share import bind_shared_func
 from kiln.tir.stmt import PrimFunc
 from kiln.tir.transform import loop_partition, simplify_func, unroll_loops
@@ -22,6 +23,7 @@ TIR_PIPELINE: tuple[tuple[str, Callable[[PrimFunc], PrimFunc]], ...] = (
     ("unroll", unroll_loops),  # small unrolled loops become straight-line code
     ("simplify_again", simplify_func),
     ("check_bounds", _checked),  # refuse accesses the loops provably take out of their buffers
+    ("tensorize_mma", tensorize_mma),  # nests a cuda schedule marks `kiln.mma`: one tensor-core product each
 )
 
 

@@ -582,6 +582,27 @@ def test_cache_read_copies_into_local_per_reduction_tile() -> None:
     check_matmul(func, 8, 8, 8)
 
 
+def test_storage_align_pads_the_row_stride_of_a_cached_tile() -> None:
+    A, B, C, k = matmul(8, 8, 8)
+    s = te.create_schedule(C)
+    AL = s.cache_read(A, "local", [C])
+    xo, yo, xi, yi = s[C].tile(*C.op.axis, 4, 4)
+    ko, ki = s[C].split(k, factor=4)
+    s[C].reorder(xo, yo, ko, xi, ki, yi)
+    s[AL].compute_at(s[C], ko)
+    s[AL].storage_align(AL.op.axis[0], 16, 8)  # rows of 4 laid 8 apart: the next value = 8 (mod 16)
+    func = te.lower(s, [A, B, C])
+    (alloc,) = allocs(func)
+    assert [str(d) for d in alloc.buffer.shape] == ["4", "8"]
+    check_matmul(func, 8, 8, 8)  # the padding is never read
+    with pytest.raises(te.ScheduleError, match="not the second-to-last axis"):
+        s[AL].storage_align(AL.op.axis[1], 16, 8)
+    with pytest.raises(te.ScheduleError, match="needs 0 <= offset < factor"):
+        s[AL].storage_align(AL.op.axis[0], 8, 8)
+    with pytest.raises(te.ScheduleError, match="an output's layout is the caller's"):
+        s[C].storage_align(C.op.axis[0], 16, 8)
+
+
 def test_cache_read_of_a_tensor_the_reader_does_not_read_is_an_error() -> None:
     _A, _B, C = vector_add(4)
     D = te.placeholder((4,), name="D")

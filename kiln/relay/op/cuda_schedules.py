@@ -34,7 +34,9 @@ from kiln import te
 from kiln.relay.op._nn_util import tensor_shape
 from kiln.relay.op._schedule import schedule_cuda, split_epilogue, static_size
 from kiln.te.arith import free_vars, loads
-from kiln.te.tensor import TensorBuffer
+from kiln.te.tensor import Reduce, TensorBuffer
+from kiln.tir.expr import BufferLoad, Cast, IntImm, Mul, PrimExpr
+from kiln.tir.transform import substitute
 
 _THREADS = 16  # threads per block along each of the two axes of a tile
 WINDOW = "kiln.cuda_window"  # ComputeOp attr of a cuda conv2d: the padded input stage its windows read
@@ -196,3 +198,166 @@ def schedule_conv2d(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Se
         local.unroll(axis)
     _stage_panel(sch, pad, local, rco, None)
     _stage_panel(sch, weight, local, rco, (1, 2, 3, 0))  # channel-last: a thread's tm channels in a row
+
+
+# --- tensor cores: float16 products through mma.sync ------------------------------------------------------
+
+TENSORCORE = "kiln.tensorcore"  # ComputeOp attr of a product's fragment stage: its (bm, bn, bk) block tile
+_WARP_M, _WARP_N = 64, 32  # a warp's tile: 4 x 4 tiles of 16 x 8, 64 float32 accumulators per thread
+
+
+def _tensorcore_tiles(batch: int, m: int, n: int, k: int) -> tuple[int, int, int] | None:
+    """(bm, bn, bk) of a block, or None where the product does not divide into tensor-core tiles."""
+    if m % _WARP_M or n % _WARP_N * 2 or k % 16:
+        return None
+    bm = 128 if m % 128 == 0 and batch * (m // 128) * (n // 64) >= _MIN_BLOCKS else 64
+    bn = 128 if n % 128 == 0 and batch * (m // bm) * (n // 128) >= _MIN_BLOCKS else 64
+    bk = next(b for b in (64, 32, 16) if k % b == 0)
+    return bm, bn, bk
+
+
+def _operands(op: te.ComputeOp) -> tuple[PrimExpr, PrimExpr] | None:
+    """The two factors of a product `sum(a * b)` whose inputs are float16, each without its conversion."""
+    body = op.body
+    if not isinstance(body, Reduce) or body.combiner.name != "sum" or not _true(body.condition):
+        return None
+    src = body.source
+    if not isinstance(src, Mul):
+        return None
+    factors = [f.value if isinstance(f, Cast) else f for f in (src.a, src.b)]
+    if not all(isinstance(f, BufferLoad) and f.dtype == "float16" for f in factors):
+        return None
+    return factors[0], factors[1]
+
+
+def _true(cond: PrimExpr) -> bool:
+    return isinstance(cond, IntImm) and bool(cond.value)
+
+
+def tensorcore(compute: Any) -> Any:
+    """A product's compute for tensor cores: `compute`'s product, recomputed in the layout of mma.sync.
+
+    The product `p[..., m, n] = sum(a[..., m, k] * b[..., k, n])` that `compute` returns
+    becomes two stages: the fragment stage, float32 sums indexed as each warp's lanes hold
+    them (block row and column, warp row and column, lane, then the lane's 4 x 4 tiles and
+    its 2 x 2 values in each), and `p` read back from it and converted to p's dtype. Where
+    the shapes do not divide into tiles (m a multiple of 64, n of 64, k of 16) or are
+    symbolic, `compute`'s product is returned as it is and gets the tiled schedule.
+    """
+    def product(attrs: Any, inputs: list[te.Tensor], out_type: Any) -> list[te.Tensor]:
+        (p,) = compute(attrs, inputs, out_type)
+        frag = _fragment_stage(p)
+        return [p] if frag is None else [frag]
+    return product
+
+
+def _fragment_stage(p: te.Tensor) -> te.Tensor | None:
+    op = p.op
+    dims = static_size(p) and tensor_shape(p)
+    if not isinstance(op, te.ComputeOp) or not dims or len(dims) < 2 or len(op.reduce_axis) != 1:
+        return None
+    factors = _operands(op)
+    k_axis = op.reduce_axis[0]
+    assert k_axis.dom is not None
+    k_extent = k_axis.dom.extent
+    if factors is None or not isinstance(k_extent, IntImm):
+        return None
+    *batch, m, n = (int(d) for d in dims)
+    tiles = _tensorcore_tiles(math.prod(batch), m, n, int(k_extent.value))
+    if tiles is None:
+        return None
+    bm, bn, _ = tiles
+    k = te.reduce_axis((0, int(k_extent.value)), name="k")
+    shape = (*batch, m // bm, n // bn, bm // _WARP_M, bn // _WARP_N, 32, _WARP_M // 16, _WARP_N // 8, 2, 2)
+
+    def fragment(*i: PrimExpr) -> PrimExpr:
+        *b, mb, nb, wm, wn, lane, mi, ni, h, j = i
+        row = mb * bm + wm * _WARP_M + mi * 16 + h * 8 + lane // 4
+        col = nb * bn + wn * _WARP_N + ni * 8 + lane % 4 * 2 + j
+        vmap = {**{ax.var: v for ax, v in zip(op.axis, (*b, row, col), strict=True)}, k_axis.var: k}
+        x, y = (substitute(f, vmap) for f in factors)
+        return te.sum(te.cast(x, "float32") * te.cast(y, "float32"), axis=k)
+
+    acc = te.compute(shape, fragment, name=f"{op.name}_fragments", attrs={TENSORCORE: tiles})
+
+    def read_back(*i: PrimExpr) -> PrimExpr:
+        *b, mm, nn = i
+        at = (mm // bm, nn // bn, mm % bm // _WARP_M, nn % bn // _WARP_N, mm % 8 * 4 + nn % 8 // 2,
+              mm % _WARP_M // 16, nn % _WARP_N // 8, mm % 16 // 8, nn % 2)
+        return te.cast(acc[tuple(b) + at], p.dtype)
+
+    return te.compute(dims, read_back, name=op.name)
+
+
+def schedule_tensorcore(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
+                        target: Any) -> None:
+    """A float16 product on tensor cores (`tensorcore`'s stages), else the tiled schedule.
+
+    Each block computes a bm x bn tile of the output with (bm / 64) x (bn / 32) warps;
+    each warp a 64 x 32 tile, as 4 x 4 `mma.sync.m16n8k16` tiles whose float32
+    accumulators stay in its lanes' registers (the fragment stage, computed at the
+    lane's loop). The reduction steps through k in panels of bk: the block's threads
+    copy the bm x bk part of a and the bk x bn part of b into shared memory in the
+    operands' own layouts (reads along their rows stay coalesced) with each row
+    padded by 8 halves (16 bytes: the rows that a fragment load reads fall in
+    different banks), then each warp runs its 16 products per 16 k. Where k is
+    contiguous the fragments are loaded in 32-bit pairs, else half by half.
+    The nest of a 16 x 8 tile's 2 x 2 x 16 multiply-adds is marked `kiln.mma` and
+    becomes one tensor-core instruction (`kiln.tir.mma`). The epilogue reads the
+    accumulators back as each lane holds them.
+    """
+    (c,) = anchor_outs
+    frag = next((t.op for t in c.op.input_tensors if isinstance(t.op, te.ComputeOp) and t.op.attrs.get(TENSORCORE)),
+                None) if isinstance(c.op, te.ComputeOp) else None
+    if frag is None:
+        schedule_product(sch, anchor_outs, outs, target)
+        return
+    acc = frag.output()
+    bm, bn, bk = frag.attrs[TENSORCORE]
+    tiled, _ = split_epilogue(sch, c, outs)
+    if tiled is not c:
+        sch[c].compute_inline()
+    stage = sch[tiled]
+    *batch, sm, sn = stage.op.axis
+    mb, mr = stage.split(sm, factor=bm)
+    wm, mr = stage.split(mr, factor=_WARP_M)
+    mi, mr = stage.split(mr, factor=16)
+    h, g = stage.split(mr, factor=8)
+    nb, nr = stage.split(sn, factor=bn)
+    wn, nr = stage.split(nr, factor=_WARP_N)
+    ni, nr = stage.split(nr, factor=8)
+    t, j = stage.split(nr, factor=2)
+    stage.reorder(*batch, mb, nb, wm, wn, g, t, mi, ni, h, j)
+    if batch:
+        stage.bind(stage.fuse(*batch) if len(batch) > 1 else batch[0], te.thread_axis("blockIdx.z"))
+    stage.bind(mb, te.thread_axis("blockIdx.y"))
+    stage.bind(nb, te.thread_axis("blockIdx.x"))
+    stage.bind(wm, te.thread_axis("threadIdx.z"))
+    stage.bind(wn, te.thread_axis("threadIdx.y"))
+    lane = stage.fuse(g, t)
+    stage.bind(lane, te.thread_axis("threadIdx.x"))
+    for axis in (mi, ni, h, j):
+        stage.unroll(axis)
+
+    sch[acc].set_scope("local")
+    local = sch[acc]
+    local.compute_at(stage, lane)
+    *outer, fm, fn, fh, fj = local.op.axis
+    ko, kr = local.split(local.op.reduce_axis[0], factor=bk)
+    kk, k16 = local.split(kr, factor=16)
+    local.reorder(*outer, ko, kk, fm, fn, fh, fj, k16)
+    for axis in (kk, fm, fn):
+        local.unroll(axis)
+    local.pragma(fh, "kiln.mma")
+    for operand in dict.fromkeys(local.op.input_tensors):
+        fill = sch[sch.cache_read(operand, "shared", [local])]  # the operand's layout: coalesced reads
+        fill.compute_at(local, ko)
+        fill.storage_align(fill.op.axis[-2], 16, 8)  # rows 16 bytes past a multiple of 32: other banks
+        flat = fill.fuse(*fill.op.axis)
+        rest, tx = fill.split(flat, factor=32)
+        rest, ty = fill.split(rest, factor=bn // _WARP_N)
+        _, tz = fill.split(rest, factor=bm // _WARP_M)
+        fill.bind(tz, te.thread_axis("threadIdx.z"))
+        fill.bind(ty, te.thread_axis("threadIdx.y"))
+        fill.bind(tx, te.thread_axis("threadIdx.x"))
+

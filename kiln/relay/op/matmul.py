@@ -576,7 +576,9 @@ def _dense_alter_llvm(attrs: DenseAttrs, args: list[Expr], arg_types: list[Type]
     .set_attr(attr.FPrimalGradient, dense_grad)
     .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
                         dtypes=TILED_DTYPES, priority=10)
-    .add_implementation("tiled", _dense_compute, cuda_schedules.schedule_product, target="cuda", priority=10))
+    .add_implementation("tiled", _dense_compute, cuda_schedules.schedule_product, target="cuda", priority=10)
+    .add_implementation("tensorcore", cuda_schedules.tensorcore(_dense_compute), cuda_schedules.schedule_tensorcore,
+                        target="cuda", dtypes=("float16",), priority=20))
 
 
 @constructor("nn.dense")
@@ -610,7 +612,9 @@ def dense(data: Expr, weight: Expr, units: int | None = None, out_dtype: Any = N
     .set_attr(attr.FCompute, _matmul_compute)
     .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
                         dtypes=TILED_DTYPES, priority=10)
-    .add_implementation("tiled", _matmul_compute, cuda_schedules.schedule_product, target="cuda", priority=10))
+    .add_implementation("tiled", _matmul_compute, cuda_schedules.schedule_product, target="cuda", priority=10)
+    .add_implementation("tensorcore", cuda_schedules.tensorcore(_matmul_compute), cuda_schedules.schedule_tensorcore,
+                        target="cuda", dtypes=("float16",), priority=20))
 
 
 @constructor("nn.matmul")
@@ -646,7 +650,9 @@ def matmul(
     .set_attr(attr.FCompute, _matmul_compute)
     .add_implementation("tiled", _product_compute, _schedule_product, target="llvm",
                         dtypes=TILED_DTYPES, priority=10)
-    .add_implementation("tiled", _matmul_compute, cuda_schedules.schedule_product, target="cuda", priority=10))
+    .add_implementation("tiled", _matmul_compute, cuda_schedules.schedule_product, target="cuda", priority=10)
+    .add_implementation("tensorcore", cuda_schedules.tensorcore(_matmul_compute), cuda_schedules.schedule_tensorcore,
+                        target="cuda", dtypes=("float16",), priority=20))
 
 
 @constructor("nn.batch_matmul")

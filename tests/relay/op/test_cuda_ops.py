@@ -172,6 +172,11 @@ CASES: list[Case] = [
     Case("nn.dense", (f32(2, 37, 40), f32(45, 40)), **SUMS, label="tiles"),
     Case("nn.matmul", (f32(2, 1, 21, 19), f32(3, 21, 23)), {"transpose_a": True}, **SUMS, label="tiles"),
     Case("nn.batch_matmul", (f32(3, 35, 17), f32(1, 17, 33)), {"transpose_b": False}, **SUMS, label="tiles"),
+    # tensor cores: float16 products through mma.sync (m and n multiples of 64, k of 16), float32 sums
+    Case("nn.dense", (f16(2, 64, 48), f16(64, 48)), rtol=2e-3, atol=2e-3, label="tensorcore"),
+    Case("nn.matmul", (f16(2, 32, 64), f16(32, 128)), {"transpose_a": True}, rtol=2e-3, atol=2e-3,
+         label="tensorcore"),
+    Case("nn.batch_matmul", (f16(2, 64, 32), f16(2, 64, 32)), rtol=2e-3, atol=2e-3, label="tensorcore"),
     # convolutions and pooling
     Case("nn.conv2d", (f32(1, 3, 6, 6), f32(4, 3, 3, 3)), {"padding": 1}, rtol=1e-4, atol=1e-5),
     # the tiled convolution: channel and pixel tails, strides, a channel step with a tail, and a 1x1
@@ -339,6 +344,7 @@ HOST_RUN = [
     "sum", "max", "argmax",  # reductions
     "nn.softmax", "nn.layer_norm", "nn.batch_norm",  # softmax and normalization
     "nn.dense", "nn.batch_matmul", "nn.dense-tiles", "nn.matmul-tiles", "nn.batch_matmul-tiles",  # products
+    "nn.dense-tensorcore", "nn.matmul-tensorcore", "nn.batch_matmul-tensorcore",  # on tensor cores
     "nn.conv2d", "nn.conv2d-tiles", "nn.conv2d-tiles-1x1", "nn.conv2d-tiles-dilated", "nn.conv2d_transpose",
     "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d",  # pooling
     "image.resize", "image.resize-cubic", "nn.pad-wrap",  # image, and pads wider than the axis
