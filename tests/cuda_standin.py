@@ -87,6 +87,8 @@ static inline double __longlong_as_double(long long v) { double f; memcpy(&f, &v
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 struct __half { _Float16 v; };
+struct alignas(8) uint2 { unsigned x, y; };  // CUDA's vector types, as kiln.codegen.cuda_vector moves them
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 static inline __half __float2half(float f) { return __half{(_Float16)f}; }
 static inline __half __double2half(double d) { return __half{(_Float16)d}; }
 static inline float __half2float(__half h) { return (float)h.v; }

@@ -20,8 +20,9 @@ it is emitted under `if (threadIdx.y == 0)` (for each such axis of more than
 one index), and reductions into global memory stay race-free whatever the
 schedule binds. A barrier under a thread-dependent condition or loop is
 refused (it would hang the block). Loops not bound to threads are plain
-`for` loops; UNROLLED and VECTORIZED get `#pragma unroll`; PARALLEL runs
-serially in each thread.
+`for` loops; UNROLLED gets `#pragma unroll`, and so does a VECTORIZED loop
+unless it becomes vector loads and stores (`kiln.codegen.cuda_vector`);
+PARALLEL runs serially in each thread.
 
 Memory: `Allocate` in "shared" scope becomes a slice of the kernel's dynamic
 shared memory (`extern __shared__`, 16-byte aligned slices; the module raises
@@ -57,8 +58,7 @@ Numerics, and why:
 
 Cross-thread reductions (`kiln.warp_allreduce`) are warp shuffles, and shared
 memory across warps: `kiln.codegen.cuda_allreduce`. Tensor-core products
-(`kiln.mma_m16n8k16`) are fragment loads and one `mma.sync`: `kiln.codegen.cuda_mma`. Not yet emitted:
-vectorized (float4) loads.
+(`kiln.mma_m16n8k16`) are fragment loads and one `mma.sync`: `kiln.codegen.cuda_mma`.
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ from kiln.codegen.cuda_mma import MMA_PRELUDE, calls, mma_statement
 from kiln.codegen.cuda_types import C_TYPES
 from kiln.codegen.cuda_types import float_literal as _float_literal
 from kiln.codegen.cuda_types import int_literal as _int_literal
+from kiln.codegen.cuda_vector import emit_vectorized
+from kiln.codegen.cuda_vector import narrow_index as _narrow_index
 from kiln.codegen.jit import CodegenError
 from kiln.ir.dtype import DataType
 from kiln.runtime.cuda_module import CudaCode, KernelArg, KernelSpec
@@ -258,26 +260,6 @@ def c_identifier(name: str) -> str:
 # -- expressions ---------------------------------------------------------------------------
 
 
-def _narrow_index(e: PrimExpr) -> PrimExpr | None:
-    """`e` (an int64 offset built by flatten) recomputed in int32, or None where it uses int64 values."""
-    if e.dtype == "int32":
-        return e
-    if isinstance(e, IntImm) and e.dtype == "int64":
-        return IntImm("int32", e.value) if -_INT32_MAX - 1 <= e.value <= _INT32_MAX else None
-    if isinstance(e, Cast) and e.dtype == "int64":
-        if e.value.dtype == "int32":
-            return e.value
-        if e.value.dtype in ("int8", "int16", "uint8", "uint16", "bool"):
-            return Cast("int32", e.value)
-        return None
-    if isinstance(e, (Add, Sub, Mul, FloorDiv, FloorMod, Min, Max)) and e.dtype == "int64":
-        a, b = _narrow_index(e.a), _narrow_index(e.b)
-        if a is None or b is None:
-            return None
-        return type(e)("int32", a, b)
-    return None
-
-
 class _KernelWriter:
     """Emits one kernel's body as CUDA C lines."""
 
@@ -412,6 +394,8 @@ class _KernelWriter:
         variant = self._variant(s.min) or self._variant(s.extent)
         if variant:
             self.variant.add(id(s.loop_var))
+        if s.kind is ForKind.VECTORIZED and emit_vectorized(self, s):
+            return
         if s.kind in (ForKind.UNROLLED, ForKind.VECTORIZED):
             self.emit("#pragma unroll")
         lo = self.expr(s.min)

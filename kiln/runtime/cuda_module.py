@@ -72,6 +72,10 @@ class CudaUnavailableError(KilnError, RuntimeError):
 # -- how the code generator describes the kernels of one PrimFunc (`kiln.codegen.cuda.generate`) --------
 
 BLOCK_LIMITS = (1024, 1024, 64)
+# Every array a kernel is launched on starts at a multiple of this many bytes: generated code reads and
+# writes 16-byte vectors where it proves the offsets aligned (kiln.codegen.cuda_vector). cupy allocates at
+# 256-byte boundaries; a view at another offset is refused here, and the executor copies such an input.
+ARRAY_ALIGNMENT = 16
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 Grid = tuple[tuple[PrimExpr, ...], tuple[PrimExpr, ...], tuple[PrimExpr, ...]]  # extents per blockIdx axis
 
@@ -387,8 +391,9 @@ class CudaModule:
                 if a.device.id != current:
                     raise p.error(f"the array is on device {a.device.id}, the kernels run on the current "
                                   f"device {current} (use `with cupy.cuda.Device({a.device.id}):`)")
-                if a.data.ptr % a.dtype.itemsize:
-                    raise p.error("expected an aligned array")
+                if a.data.ptr % ARRAY_ALIGNMENT:
+                    raise p.error(f"expected an array aligned to {ARRAY_ALIGNMENT} bytes (the kernels may read it "
+                                  f"in 16-byte vectors), got one at address {a.data.ptr:#x}: pass a copy")
             else:
                 if not a.flags.aligned:
                     raise p.error("expected an aligned array")

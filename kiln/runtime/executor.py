@@ -130,9 +130,10 @@ class _Device:
     """The arrays of a cuda library: cupy arrays on the current device."""
 
     def __init__(self) -> None:
-        from kiln.runtime.cuda_module import _cupy
+        from kiln.runtime.cuda_module import ARRAY_ALIGNMENT, _cupy
 
         self.cupy = _cupy()
+        self.alignment = ARRAY_ALIGNMENT
         self.ndarray = self.cupy.ndarray
 
     def adopt(self, name: str, value: Any, want: np.dtype[Any]) -> Any:
@@ -167,9 +168,9 @@ class _Device:
 
     def fits(self, arr: Any) -> bool:
         # device memory is always writeable; host arrays, and device arrays on another device or (from
-        # DLPack) at an odd offset, go through put
+        # DLPack) at an offset the kernels' vector accesses cannot take, go through put
         return (isinstance(arr, self.ndarray) and bool(arr.flags.c_contiguous) and arr.device.id == self.device_id()
-                and arr.data.ptr % arr.dtype.itemsize == 0)
+                and arr.data.ptr % self.alignment == 0)
 
     def put(self, arr: Any) -> Any:
         if isinstance(arr, self.ndarray):

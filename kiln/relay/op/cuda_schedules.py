@@ -353,7 +353,10 @@ def schedule_tensorcore(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs
         fill = sch[sch.cache_read(operand, "shared", [local])]  # the operand's layout: coalesced reads
         fill.compute_at(local, ko)
         fill.storage_align(fill.op.axis[-2], 16, 8)  # rows 16 bytes past a multiple of 32: other banks
-        flat = fill.fuse(*fill.op.axis)
+        *rows, last = fill.op.axis
+        lo, vec = fill.split(last, factor=8)  # 8 halves: one 16-byte load and store per thread
+        fill.vectorize(vec)
+        flat = fill.fuse(*rows, lo)
         rest, tx = fill.split(flat, factor=32)
         rest, ty = fill.split(rest, factor=bn // _WARP_N)
         _, tz = fill.split(rest, factor=bm // _WARP_M)
