@@ -79,7 +79,7 @@ from kiln.codegen.cuda_host import (
     split_host,
     syncthreads,
 )
-from kiln.codegen.cuda_mma import MMA_PRELUDE, calls, mma_statement
+from kiln.codegen.cuda_mma import MMA_PRELUDE, MmaRun, calls
 from kiln.codegen.cuda_types import C_TYPES
 from kiln.codegen.cuda_types import float_literal as _float_literal
 from kiln.codegen.cuda_types import int_literal as _int_literal
@@ -285,6 +285,7 @@ class _KernelWriter:
         self.declared: set[int] = set()  # vars defined so far
         self.uses_half = False
         self.scratch: int | None = None  # where the all-reduces' scratch starts in shared memory
+        self.mma = MmaRun()  # tensor-core fragments loaded by the run of products being emitted
 
     def emit(self, line: str) -> None:
         self.lines.append("  " * self.depth + line)
@@ -296,6 +297,14 @@ class _KernelWriter:
     # -- statements ---------------------------------------------------------------------
     def stmt(self, s: Stmt, unbound: frozenset[str]) -> None:
         """Emits `s`, run by every thread of the launch; `unbound` are the axes no enclosing loop binds."""
+        if isinstance(s, SeqStmt) or (isinstance(s, Evaluate) and isinstance(s.value, Call) and s.value.name == MMA):
+            self._stmt(s, unbound)
+            return
+        self.mma.clear()  # fragments loaded before another statement, or in a block it closes, are not reused
+        self._stmt(s, unbound)
+        self.mma.clear()
+
+    def _stmt(self, s: Stmt, unbound: frozenset[str]) -> None:
         redundant = sorted(t for t in unbound if self.multi.get(t) and t not in bound_tags(s))
         if redundant and not has_sync(s) and not (isinstance(s, SeqStmt) and not s.stmts):
             # a statement outside every loop bound to these axes runs once: on index 0 of each
@@ -361,7 +370,9 @@ class _KernelWriter:
             if self.divergent:
                 raise CodegenError(f"{self.func}: a warp's mma.sync under a condition or loop that differs between "
                                    "threads would leave lanes out of it; move it out")
-            self.emit(mma_statement(v, self.expr))
+            for line in self.mma.statements(v, self.expr, self.names.fresh):
+                self.emit(line)
+            return
         else:
             self.emit(f"(void)({self.expr(v)});")
 

@@ -7,8 +7,8 @@ Constants. A constant of at most `INLINE_LIMIT` elements is written inline, each
 element with its exact dtype: `1f` (float32), `1.5f16`, `2f64`, `7` (int32),
 `7i8`, `7i16`, `7i64`, `7u8`, `True`/`False` (bool); specials are `nanf`,
 `inff`, `-inff` (`nanf16`, `-inff64`, ...). Arrays nest brackets:
-`[[1f, 2f], [3f, 4f]]`. A float prints as numpy's shortest text that reads back
-to the same bits; a constant with an element that has none (a NaN with a
+`[[1f, 2f], [3f, 4f]]`. A float prints as the shortest text that reads back
+to the same bits (`_float_body`); a constant with an element that has none (a NaN with a
 non-default payload or sign) or with no elements goes to the metadata section,
 as do large ones.
 
@@ -79,6 +79,21 @@ def _same_bits(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> bool:
     return bool(a.dtype == b.dtype and a.tobytes() == b.tobytes())
 
 
+def _float_body(x: np.ndarray[Any, Any]) -> str:
+    """The shortest text that reads back to this finite value in its precision, the same under every numpy.
+
+    Positional from 1e-4 up to 10**precision (1e16 for float64, as Python writes floats), scientific
+    outside: numpy >= 2.3's `str`. numpy 2.2 (the last for Python 3.10) wrote float16 and float32
+    positionally up to 1e16 (`65500` for float16 65504, where 2.3 writes `6.55e+04`).
+    """
+    value: np.floating[Any] = x.dtype.type(x)  # the scalar: formatted in its own precision, not as a Python float
+    magnitude = abs(float(value))
+    upper = 1e16 if x.dtype == np.float64 else 10.0 ** np.finfo(x.dtype).precision
+    if magnitude == 0 or 1e-4 <= magnitude < upper:
+        return np.format_float_positional(value, unique=True, trim="-")
+    return np.format_float_scientific(value, unique=True, trim="-", exp_digits=2)
+
+
 def element_text(x: np.ndarray[Any, Any]) -> str | None:
     """One element (a 0-d array) as a literal, or None when no literal reads back to the same bits."""
     dtype = x.dtype
@@ -95,9 +110,7 @@ def element_text(x: np.ndarray[Any, Any]) -> str | None:
     elif np.isinf(value):
         body = "inf" if value > 0 else "-inf"
     else:
-        body = str(value)  # numpy: the shortest text that reads back to this value in this precision
-        if body.endswith(".0"):
-            body = body[:-2]
+        body = _float_body(x)
     try:
         back = literal_array(body + suffix)
     except ValueError:

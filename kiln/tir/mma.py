@@ -14,13 +14,14 @@ tile. Its loop IR is then ordinary per-thread code,
 
 and `tensorize_mma` replaces each such nest by one statement,
 
-    Evaluate(Call("int32", "kiln.mma_m16n8k16", (acc[c0], ch, cj, A[a0], sr, sk, B[b0], skb, sc, pa, pb)))
+    Evaluate(Call("int32", "kiln.mma_m16n8k16", (acc[c0], ch, cj, A[a0], sr, sk, B[b0], skb, sc, ma, mb)))
 
 whose meaning, per thread, is exactly that nest. `A[a0]` and `B[b0]` are the
 warp's corner (lane 0's addresses), the strides are in elements of the
-flattened buffers, and `pa` (`pb`) is 1 where A (B) holds each thread's two
-neighbouring k values side by side at an even offset (then 32-bit loads fetch
-them). The CUDA back end renders it as one `mma.sync` after each thread loads
+flattened buffers, and `ma` (`mb`) says how A's (B's) fragments may be
+loaded: 2 or 3 by `ldmatrix` (or its `.trans`) where the operand is in shared
+memory with 16-byte aligned rows of 8 x 8 blocks, 1 in 32-bit pairs where k is
+contiguous at even offsets, else 0, half by half. The CUDA back end renders it as one `mma.sync` after each thread loads
 its fragments (its own rows of A, and column `g` of B: the hardware's layout,
 not the one the nest reads per thread); so all 32 lanes must run it together,
 which the nest's place guarantees (no guard between it and the warp's
@@ -76,8 +77,8 @@ def _operand(e: PrimExpr) -> BufferLoad | None:
     return e if isinstance(e, BufferLoad) and e.dtype == "float16" else None
 
 
-def _even(lin: Linear) -> bool:
-    return lin.const % 2 == 0 and all(c % 2 == 0 for _a, c in lin.terms.values())
+def _divides(lin: Linear, n: int) -> bool:
+    return lin.const % n == 0 and all(c % n == 0 for _a, c in lin.terms.values())
 
 
 class _Tensorizer(StmtExprMutator):
@@ -172,9 +173,21 @@ class _Tensorizer(StmtExprMutator):
                                 or db(ln, hh, jj, kk) != kk * skb + (2 * t + jj) * sc
                                 or dc(ln, hh, jj, kk) != hh * ch + jj * cj):
                             return None
-        pairs_a = sk == 1 and sr % 2 == 0 and _even(self.ana.linear(_flat(a[0], ca.indices)))
-        pairs_b = skb == 1 and sc % 2 == 0 and _even(self.ana.linear(_flat(b[0], cb.indices)))
-        return cc, ch, cj, ca, sr, sk, cb, skb, sc, int(pairs_a), int(pairs_b)
+        mode_a = self._mode(a[0], ca, sk, sr)
+        mode_b = self._mode(b[0], cb, skb, sc)
+        return cc, ch, cj, ca, sr, sk, cb, skb, sc, mode_a, mode_b
+
+    def _mode(self, buf: Buffer, corner: BufferLoad, along_k: int, across: int) -> int:
+        """How an operand's fragment may be loaded (`kiln.codegen.cuda_mma`): 2 (3) by ldmatrix (.trans)
+        where it is in shared memory and 8 x 8 blocks have 16-byte aligned rows of k (of the other axis),
+        1 in 32-bit pairs where k is contiguous at even offsets, else 0."""
+        offset = self.ana.linear(_flat(buf, corner.indices))
+        if buf.scope == "shared" and _divides(offset, 8):
+            if along_k == 1 and across % 8 == 0:
+                return 2
+            if across == 1 and along_k % 8 == 0:
+                return 3
+        return 1 if along_k == 1 and across % 2 == 0 and _divides(offset, 2) else 0
 
 
 def _int(v: int) -> PrimExpr:

@@ -214,6 +214,7 @@ def default_schedule(pattern: OpPattern) -> Callable[..., None]:
 
 _CUDA_THREADS = 256  # threads per block of the generic GPU schedule
 _CUDA_ELEMENTS = 4  # elements per thread of an elementwise stage: loads in flight, 1/4 of the blocks
+_CUDA_LANES = 4  # of them, neighbours read by one vector load (float4)
 
 
 def bind_stage_cuda(sch: te.Schedule, t: te.Tensor, threads: int = _CUDA_THREADS) -> None:
@@ -237,8 +238,10 @@ def bind_stage_cuda(sch: te.Schedule, t: te.Tensor, threads: int = _CUDA_THREADS
     size = static_size(t)
     if not stage.op.reduce_axis and size is not None and size >= 4 * threads * _CUDA_ELEMENTS:
         block, rest = stage.split(fused, factor=threads * _CUDA_ELEMENTS)
-        thread, each = stage.split(rest, factor=_CUDA_ELEMENTS)
-        stage.vectorize(each)
+        step, rest = stage.split(rest, factor=threads * _CUDA_LANES)  # each step: a warp reads 512 bytes
+        thread, lanes = stage.split(rest, factor=_CUDA_LANES)
+        stage.unroll(step)
+        stage.vectorize(lanes)
     else:
         block, thread = stage.split(fused, factor=min(threads, size) if size else threads)
     stage.bind(block, te.thread_axis("blockIdx.x"))
