@@ -83,7 +83,7 @@ from kiln.codegen.cuda_mma import MMA_PRELUDE, MmaRun, calls
 from kiln.codegen.cuda_types import C_TYPES
 from kiln.codegen.cuda_types import float_literal as _float_literal
 from kiln.codegen.cuda_types import int_literal as _int_literal
-from kiln.codegen.cuda_vector import emit_vectorized
+from kiln.codegen.cuda_vector import ASYNC_PRELUDE, emit_vectorized, with_async_waits
 from kiln.codegen.cuda_vector import narrow_index as _narrow_index
 from kiln.codegen.jit import CodegenError
 from kiln.ir.dtype import DataType
@@ -664,6 +664,9 @@ class CodeGenCUDA:
             )
         if any(calls(body, MMA) for body in bodies):
             header.append(MMA_PRELUDE)
+        texts = [with_async_waits(t) for t in texts]
+        if any("kiln_cp_async16(" in t for t in texts):
+            header.append(ASYNC_PRELUDE)
         source = "\n".join(header + texts)
         return CudaCode(func.name, source, tuple(kernels), tuple(workspaces), size_vars, frozenset(written), uses_half)
 

@@ -20,11 +20,13 @@ strides, 32-byte vectors, a local buffer) stays a scalar loop under
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from typing import Protocol
 
 from kiln.codegen.cuda_types import ctype
 from kiln.ir.dtype import DataType
+from kiln.tir.double_buffer import ASYNC_COPY
 from kiln.tir.expr import Add, Buffer, BufferLoad, Cast, FloorDiv, FloorMod, IntImm, Max, Min, Mul, PrimExpr, Sub, Var
 from kiln.tir.functor import StmtExprMutator, post_order_visit, structural_key
 from kiln.tir.simplify import Analyzer
@@ -116,6 +118,14 @@ def emit_vectorized(w: _Writer, s: For) -> bool:
     vector_loads = [ld for ld in found if len(ld.indices) == 1 and _vectorizable(ld.buffer, lanes)
                     and _step(w.ana, ld.indices[0], v, lanes) == 1
                     and _aligned(w.ana, w.ana.simplify(substitute(ld.indices[0], {v: IntImm(v.dtype, 0)})), lanes)]
+    value = store.value
+    if (s.annotations.get(ASYNC_COPY, False) is not False and store.buffer.scope == "shared"
+            and isinstance(value, BufferLoad) and any(value is ld for ld in vector_loads)
+            and value.buffer.scope == "global"
+            and lanes * DataType.of(store.buffer.dtype).bytes == 16 and value.dtype == store.buffer.dtype):
+        first = w.ana.simplify(substitute(value.indices[0], {v: IntImm(v.dtype, 0)}))
+        w.emit(f"kiln_cp_async16(&{w._access(store.buffer, base)}, &{w._access(value.buffer, first)});")
+        return True
     w.emit("{")
     lane_vars: dict[int, list[Var]] = {}
     loaded: dict[tuple[int, Hashable], list[Var]] = {}  # one vector load per buffer and offset
@@ -141,3 +151,27 @@ def emit_vectorized(w: _Writer, s: For) -> bool:
     w.emit(f"  *({vt}*)&{w._access(store.buffer, base)} = *(const {vt}*){out};")
     w.emit("}")
     return True
+
+
+# `kiln.async_copy` copies (16 bytes, global to shared) as cp.async (sm_80 and newer); a kernel that issues
+# them waits for all of them before each of its barriers (`with_async_waits`). The test stand-in, which
+# defines KILN_HOST_EMULATION, copies at once.
+ASYNC_PRELUDE = r"""#ifndef KILN_HOST_EMULATION
+__device__ __forceinline__ void kiln_cp_async16(void* dst, const void* src) {
+  const unsigned at = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" : : "r"(at), "l"(src));
+}
+__device__ __forceinline__ void kiln_cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" : : : "memory"); }
+#else
+static inline void kiln_cp_async16(void* dst, const void* src) { memcpy(dst, src, 16); }
+static inline void kiln_cp_async_wait_all() {}
+#endif
+"""
+
+
+def with_async_waits(kernel: str) -> str:
+    """`kernel`'s C text with a wait for its asynchronous copies before each barrier, if it issues any."""
+    if "kiln_cp_async16(" not in kernel:
+        return kernel
+    return re.sub(r"^(\s*)__syncthreads\(\);", r"\1kiln_cp_async_wait_all();\n\1__syncthreads();", kernel,
+                  flags=re.MULTILINE)

@@ -35,6 +35,7 @@ from kiln.relay.op._nn_util import tensor_shape
 from kiln.relay.op._schedule import schedule_cuda, split_epilogue, static_size
 from kiln.te.arith import free_vars, loads
 from kiln.te.tensor import Reduce, TensorBuffer
+from kiln.tir.double_buffer import ASYNC_COPY, DOUBLE_BUFFER
 from kiln.tir.expr import BufferLoad, Cast, IntImm, Mul, PrimExpr
 from kiln.tir.transform import substitute
 
@@ -204,7 +205,7 @@ def schedule_conv2d(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Se
 
 TENSORCORE = "kiln.tensorcore"  # ComputeOp attr of a product's fragment stage: its `Tiles`
 _WARP_M, _WARP_N = 64, 64  # a warp's tile: 4 x 8 tiles of 16 x 8, 128 float32 accumulators per thread
-Tiles = tuple[int, int, int, int, int]  # (bm, bn, bk) of a block, (wm, wn) of a warp
+Tiles = tuple[int, int, int, int]  # (bm, bn) of a block, (wm, wn) of a warp
 
 
 def _tensorcore_tiles(batch: int, m: int, n: int, k: int) -> Tiles | None:
@@ -217,8 +218,17 @@ def _tensorcore_tiles(batch: int, m: int, n: int, k: int) -> Tiles | None:
         return None
     bm = 128 if m % 128 == 0 and batch * (m // 128) * (n // 64) >= _MIN_BLOCKS else 64
     bn = 128 if n % 128 == 0 and batch * (m // bm) * (n // 128) >= _MIN_BLOCKS else 64
-    bk = next(b for b in (64, 32, 16) if k % b == 0)
-    return bm, bn, bk, _WARP_M, _WARP_N
+    return bm, bn, _WARP_M, _WARP_N
+
+
+def _panel_step(k: int, bm: int, bn: int, target: Any) -> int:
+    """The step through k: the largest of 64, 32, 16 dividing k whose double-buffered panels (rows padded by
+    8 halves, either layout) fit the target's shared memory per block."""
+    limit = int(target.get("max-shared-memory-per-block", 48 * 1024)) if target is not None else 48 * 1024
+    for bk in (64, 32, 16):
+        if k % bk == 0 and 2 * 2 * ((bm + 8) * (bk + 8) + (bn + 8) * (bk + 8)) <= limit:
+            return bk
+    return 16
 
 
 def _operands(op: te.ComputeOp) -> tuple[PrimExpr, PrimExpr] | None:
@@ -271,7 +281,7 @@ def _fragment_stage(p: te.Tensor) -> te.Tensor | None:
     tiles = _tensorcore_tiles(math.prod(batch), m, n, int(k_extent.value))
     if tiles is None:
         return None
-    bm, bn, _, tm, tn = tiles
+    bm, bn, tm, tn = tiles
     k = te.reduce_axis((0, int(k_extent.value)), name="k")
     shape = (*batch, m // bm, n // bn, bm // tm, bn // tn, 32, tm // 16, tn // 8, 2, 2)
 
@@ -318,7 +328,10 @@ def schedule_tensorcore(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs
         schedule_product(sch, anchor_outs, outs, target)
         return
     acc = frag.output()
-    bm, bn, bk, tm, tn = frag.attrs[TENSORCORE]
+    bm, bn, tm, tn = frag.attrs[TENSORCORE]
+    k_extent = frag.reduce_axis[0].dom.extent if frag.reduce_axis[0].dom is not None else None
+    assert isinstance(k_extent, IntImm), "tensorcore() makes fragment stages of a static k"
+    bk = _panel_step(int(k_extent.value), bm, bn, target)
     tiled, _ = split_epilogue(sch, c, outs)
     if tiled is not c:
         sch[c].compute_inline()
@@ -354,13 +367,15 @@ def schedule_tensorcore(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs
     for axis in (kk, fm, fn):
         local.unroll(axis)
     local.pragma(fh, "kiln.mma")
+    local.pragma(ko, DOUBLE_BUFFER)  # the next panels are copied while this step computes
     for operand in dict.fromkeys(local.op.input_tensors):
         fill = sch[sch.cache_read(operand, "shared", [local])]  # the operand's layout: coalesced reads
         fill.compute_at(local, ko)
         fill.storage_align(fill.op.axis[-2], 16, 8)  # rows 16 bytes past a multiple of 32: other banks
         *rows, last = fill.op.axis
-        lo, vec = fill.split(last, factor=8)  # 8 halves: one 16-byte load and store per thread
+        lo, vec = fill.split(last, factor=8)  # 8 halves: one 16-byte copy per thread, asynchronous (cp.async)
         fill.vectorize(vec)
+        fill.pragma(vec, ASYNC_COPY)
         flat = fill.fuse(*rows, lo)
         rest, tx = fill.split(flat, factor=32)
         rest, ty = fill.split(rest, factor=bn // tn)
