@@ -26,7 +26,7 @@ from typing import Protocol
 
 from kiln.codegen.cuda_types import ctype
 from kiln.ir.dtype import DataType
-from kiln.tir.double_buffer import ASYNC_COPY
+from kiln.tir.async_copy import ASYNC_COPY
 from kiln.tir.expr import Add, Buffer, BufferLoad, Cast, FloorDiv, FloorMod, IntImm, Max, Min, Mul, PrimExpr, Sub, Var
 from kiln.tir.functor import StmtExprMutator, post_order_visit, structural_key
 from kiln.tir.simplify import Analyzer

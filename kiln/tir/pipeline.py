@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.tir.bounds_check import check_accesses
-from kiln.tir.double_buffer import double_buffer
 from kiln.tir.mma import tensorize_mma
 from kiln.tir.share import bind_shared_func
 from kiln.tir.stmt import PrimFunc
@@ -20,7 +19,6 @@ def _checked(func: PrimFunc) -> PrimFunc:
 TIR_PIPELINE: tuple[tuple[str, Callable[[PrimFunc], PrimFunc]], ...] = (
     ("bind_shared", bind_shared_func),  # a value used twice is a let, computed once (te.lower does it too)
     ("simplify", simplify_func),  # fold index arithmetic with loop bounds: (jo*32 + j) // 32 -> jo
-    ("double_buffer", double_buffer),  # loops a cuda schedule marks: fill the next shared tiles during a step
     ("loop_partition", loop_partition),  # take tail guards out of the main loops
     ("unroll", unroll_loops),  # small unrolled loops become straight-line code
     ("simplify_again", simplify_func),

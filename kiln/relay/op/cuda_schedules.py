@@ -35,7 +35,7 @@ from kiln.relay.op._nn_util import tensor_shape
 from kiln.relay.op._schedule import schedule_cuda, split_epilogue, static_size
 from kiln.te.arith import free_vars, loads
 from kiln.te.tensor import Reduce, TensorBuffer
-from kiln.tir.double_buffer import ASYNC_COPY, DOUBLE_BUFFER
+from kiln.tir.async_copy import ASYNC_COPY
 from kiln.tir.expr import BufferLoad, Cast, IntImm, Mul, PrimExpr
 from kiln.tir.transform import substitute
 
@@ -222,11 +222,11 @@ def _tensorcore_tiles(batch: int, m: int, n: int, k: int) -> Tiles | None:
 
 
 def _panel_step(k: int, bm: int, bn: int, target: Any) -> int:
-    """The step through k: the largest of 64, 32, 16 dividing k whose double-buffered panels (rows padded by
-    8 halves, either layout) fit the target's shared memory per block."""
+    """The step through k: the largest of 64, 32, 16 dividing k whose panels (rows padded by 8 halves, either
+    layout) fit the target's shared memory per block."""
     limit = int(target.get("max-shared-memory-per-block", 48 * 1024)) if target is not None else 48 * 1024
     for bk in (64, 32, 16):
-        if k % bk == 0 and 2 * 2 * ((bm + 8) * (bk + 8) + (bn + 8) * (bk + 8)) <= limit:
+        if k % bk == 0 and 2 * ((bm + 8) * (bk + 8) + (bn + 8) * (bk + 8)) <= limit:
             return bk
     return 16
 
@@ -367,7 +367,6 @@ def schedule_tensorcore(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs
     for axis in (kk, fm, fn):
         local.unroll(axis)
     local.pragma(fh, "kiln.mma")
-    local.pragma(ko, DOUBLE_BUFFER)  # the next panels are copied while this step computes
     for operand in dict.fromkeys(local.op.input_tensors):
         fill = sch[sch.cache_read(operand, "shared", [local])]  # the operand's layout: coalesced reads
         fill.compute_at(local, ko)

@@ -31,22 +31,22 @@ def _dense_bias_relu(m: int, n: int, k: int) -> relay.Function:
 
 
 @needs_gxx
-@pytest.mark.parametrize(("k", "steps"), [(32, 1), (256, 4)])
 def test_a_fused_float16_dense_runs_on_tensor_cores_through_the_stand_in(monkeypatch: pytest.MonkeyPatch,
-                                                                          tmp_path: Any, k: int, steps: int) -> None:
+                                                                          tmp_path: Any) -> None:
     cuda_standin.install(monkeypatch, tmp_path)
+    k = 128
     lib = relay.build(_dense_bias_relu(64, 64, k), target=SM90)
     source = lib.get_source("cuda")
-    if steps == 1:  # one warp: 4 x 8 tiles, two 16-deep steps of k
-        assert source.count("kiln_mma_tile<") == 2 * 32
-    else:  # panels of 64 k, double-buffered: the next pair is copied (cp.async) while one step computes
-        assert "_shared_odd[" in source and "kiln_cp_async16(&" in source and "kiln_cp_async_wait_all();" in source
+    # one warp: 4 x 8 tiles for each of 4 steps of 16 in a panel of 64 k, two panels (a loop)
+    assert source.count("kiln_mma_tile<") == 4 * 32
+    # the panels are copied with cp.async and waited for before the barrier that precedes their use
+    assert "kiln_cp_async16(&" in source and "kiln_cp_async_wait_all();\n" in source
     assert "_fragments[128];" in source  # each lane's 4 x 8 tiles of 2 x 2 accumulators, in registers
     rng = np.random.default_rng(3)
     x, w, b = (rng.standard_normal(s).astype("float16") for s in ((64, k), (64, k), (64,)))
     got = lib.create_executor()(x=FAKE_CUPY.asarray(x), w=FAKE_CUPY.asarray(w), b=FAKE_CUPY.asarray(b)).get()
     want = np.maximum(x.astype(np.float32) @ w.astype(np.float32).T + b.astype(np.float32), 0)
-    np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3 * np.sqrt(k / 32))
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=4e-3)
 
 
 def test_products_off_the_tiles_stay_on_the_tiled_schedule() -> None:
