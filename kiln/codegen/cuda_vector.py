@@ -90,8 +90,7 @@ def _step(ana: Analyzer, index: PrimExpr, v: Var, lanes: int) -> int | None:
 
 def _aligned(ana: Analyzer, base: PrimExpr, lanes: int) -> bool:
     narrow = narrow_index(base)
-    lin = ana.linear(base if narrow is None else narrow)
-    return lin.const % lanes == 0 and all(c % lanes == 0 for _a, c in lin.terms.values())
+    return ana.linear(base if narrow is None else narrow).divisible(lanes)
 
 
 def _vectorizable(buf: Buffer, lanes: int) -> bool:
@@ -107,36 +106,38 @@ def emit_vectorized(w: _Writer, s: For) -> bool:
             and isinstance(store, BufferStore) and len(store.indices) == 1):
         return False
     lanes, v = int(s.extent.value), s.loop_var
+
+    def first(index: PrimExpr) -> PrimExpr:  # the offset of lane 0
+        return w.ana.simplify(substitute(index, {v: IntImm(v.dtype, 0)}))
+
     (index,) = store.indices
-    if not _vectorizable(store.buffer, lanes) or _step(w.ana, index, v, lanes) != 1:
-        return False
-    base = w.ana.simplify(substitute(index, {v: IntImm(v.dtype, 0)}))
-    if not _aligned(w.ana, base, lanes):
+    base = first(index)
+    if not (_vectorizable(store.buffer, lanes) and _step(w.ana, index, v, lanes) == 1
+            and _aligned(w.ana, base, lanes)):
         return False
     found: list[BufferLoad] = []
     post_order_visit(store.value, lambda n: found.append(n) if isinstance(n, BufferLoad) else None)
     vector_loads = [ld for ld in found if len(ld.indices) == 1 and _vectorizable(ld.buffer, lanes)
-                    and _step(w.ana, ld.indices[0], v, lanes) == 1
-                    and _aligned(w.ana, w.ana.simplify(substitute(ld.indices[0], {v: IntImm(v.dtype, 0)})), lanes)]
+                    and _step(w.ana, ld.indices[0], v, lanes) == 1 and _aligned(w.ana, first(ld.indices[0]), lanes)]
     value = store.value
     if (s.annotations.get(ASYNC_COPY, False) is not False and store.buffer.scope == "shared"
             and isinstance(value, BufferLoad) and any(value is ld for ld in vector_loads)
             and value.buffer.scope == "global"
             and lanes * DataType.of(store.buffer.dtype).bytes == 16 and value.dtype == store.buffer.dtype):
-        first = w.ana.simplify(substitute(value.indices[0], {v: IntImm(v.dtype, 0)}))
-        w.emit(f"kiln_cp_async16(&{w._access(store.buffer, base)}, &{w._access(value.buffer, first)});")
+        src = w._access(value.buffer, first(value.indices[0]))
+        w.emit(f"kiln_cp_async16(&{w._access(store.buffer, base)}, &{src});")
         return True
     w.emit("{")
     lane_vars: dict[int, list[Var]] = {}
     loaded: dict[tuple[int, Hashable], list[Var]] = {}  # one vector load per buffer and offset
     for ld in vector_loads:
-        first = w.ana.simplify(substitute(ld.indices[0], {v: IntImm(v.dtype, 0)}))
-        key = (id(ld.buffer), structural_key(first))
+        start = first(ld.indices[0])
+        key = (id(ld.buffer), structural_key(start))
         if key not in loaded:
             vt = VECTOR_TYPES[lanes * DataType.of(ld.dtype).bytes]
             name = f"kiln_vec{len(loaded)}"
             w.emit(f"  alignas(16) {ctype(ld.dtype)} {name}[{lanes}];")
-            w.emit(f"  *({vt}*){name} = *(const {vt}*)&{w._access(ld.buffer, first)};")
+            w.emit(f"  *({vt}*){name} = *(const {vt}*)&{w._access(ld.buffer, start)};")
             loaded[key] = [Var(f"{name}_{k}", ld.dtype) for k in range(lanes)]
             for k, var in enumerate(loaded[key]):
                 w.emit(f"  const {ctype(ld.dtype)} {w._declare(var)} = {name}[{k}];")

@@ -40,6 +40,10 @@ class Linear:
         """The coefficient of the atom with structural key `key` (0 when absent)."""
         return self.terms[key][1] if key in self.terms else 0
 
+    def divisible(self, n: int) -> bool:
+        """Whether every value of the form is a multiple of `n`: the constant and every coefficient are."""
+        return self.const % n == 0 and all(c % n == 0 for _a, c in self.terms.values())
+
     def add(self, other: Linear, scale: int = 1) -> Linear:
         """`self + scale * other`."""
         terms = dict(self.terms)

@@ -42,7 +42,6 @@ import attrs
 
 from kiln.tir.expr import Add, Buffer, BufferLoad, Call, Cast, IntImm, Mul, PrimExpr, TIRError, Var
 from kiln.tir.functor import StmtExprMutator, post_order_visit
-from kiln.tir.linear import Linear
 from kiln.tir.simplify import Analyzer
 from kiln.tir.stmt import BufferStore, Evaluate, For, ForKind, LetStmt, PrimFunc, Stmt
 from kiln.tir.transform import substitute
@@ -53,7 +52,7 @@ WARP = 32
 _Access = tuple[Buffer, tuple[PrimExpr, ...]]
 
 
-def loads(e: PrimExpr) -> list[BufferLoad]:
+def _loads(e: PrimExpr) -> list[BufferLoad]:
     """The loads in `e`."""
     found: list[BufferLoad] = []
     post_order_visit(e, lambda n: found.append(n) if isinstance(n, BufferLoad) else None)
@@ -75,10 +74,6 @@ def _operand(e: PrimExpr) -> BufferLoad | None:
     if isinstance(e, Cast) and e.dtype == "float32":
         e = e.value
     return e if isinstance(e, BufferLoad) and e.dtype == "float16" else None
-
-
-def _divides(lin: Linear, n: int) -> bool:
-    return lin.const % n == 0 and all(c % n == 0 for _a, c in lin.terms.values())
 
 
 class _Tensorizer(StmtExprMutator):
@@ -117,7 +112,7 @@ class _Tensorizer(StmtExprMutator):
             raise self._fail(s, "it must be loops around one store")
         acc = body.buffer
         value = substitute(body.value, lets)
-        if not any(ld.buffer is acc for ld in loads(value)):  # te's zeroing of the accumulators: loops stay
+        if not any(ld.buffer is acc for ld in _loads(value)):  # te's zeroing of the accumulators: loops stay
             annotations = {key: v for key, v in s.annotations.items() if key != PRAGMA}
             return For(s.loop_var, s.min, s.extent, s.kind, s.body, s.thread_tag, annotations)
         if self.lane is None:
@@ -182,12 +177,12 @@ class _Tensorizer(StmtExprMutator):
         where it is in shared memory and 8 x 8 blocks have 16-byte aligned rows of k (of the other axis),
         1 in 32-bit pairs where k is contiguous at even offsets, else 0."""
         offset = self.ana.linear(_flat(buf, corner.indices))
-        if buf.scope == "shared" and _divides(offset, 8):
+        if buf.scope == "shared" and offset.divisible(8):
             if along_k == 1 and across % 8 == 0:
                 return 2
             if across == 1 and along_k % 8 == 0:
                 return 3
-        return 1 if along_k == 1 and across % 2 == 0 and _divides(offset, 2) else 0
+        return 1 if along_k == 1 and across % 2 == 0 and offset.divisible(2) else 0
 
 
 def _int(v: int) -> PrimExpr:
