@@ -616,7 +616,8 @@ def test_an_op_before_its_first_opset_pads_that_remove_too_much_and_dropout_rati
     pads = numpy_helper.from_array(np.array([0, -2, 0, 3], np.int64), "pads")  # a crop of the whole axis is fine
     model = _model([helper.make_node("Pad", ["x", "pads"], ["y"])], [_io("x", [2, 2])], [_io("y", None)], [pads])
     x = np.ones((2, 2), np.float32)
-    np.testing.assert_array_equal(_run(model, x=x), _ort(model, x=x)[0])
+    # all 3 columns padding (onnxruntime 1.23, the newest for Python 3.10, fills them with whatever memory held)
+    np.testing.assert_array_equal(_run(model, x=x), np.zeros((2, 3), np.float32))
     ratio = numpy_helper.from_array(np.full(4, 0.5, np.float32), "r")
     model = _model([helper.make_node("Dropout", ["x", "r"], ["y"], name="d")], [_io("x", [2])], [_io("y", [2])],
                    [ratio])

@@ -28,8 +28,9 @@ def _vi(name: str, dtype: int, shape: Any) -> Any:
 
 
 def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], opset: int = 17) -> Any:
+    # ir_version 10: onnx's default is newer than onnxruntime 1.23 (the newest for Python 3.10) reads
     return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs),
-                             opset_imports=[helper.make_opsetid("", opset)])
+                             opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
 
 
 def _check(model: Any, feeds: dict[str, np.ndarray]) -> None:

@@ -26,6 +26,9 @@ from kiln.relay.expr import Call  # noqa: E402
 from kiln.relay.frontend import OnnxImportError, OnnxValueNeededError  # noqa: E402
 from kiln.relay.visitor import post_order  # noqa: E402
 
+# onnxruntime before 1.25 (1.23 is the newest for Python 3.10) lacks kernels of newer opsets and gets cases wrong
+OLD_ORT = tuple(int(p) for p in ort.__version__.split(".")[:2]) < (1, 25)
+
 Array = np.ndarray[Any, Any]
 rng = np.random.default_rng(0)
 
@@ -145,8 +148,9 @@ def test_conv_kernel_shape_must_match_the_weight() -> None:
     ("MaxPool", (2, 3, 10), {"kernel_shape": [2], "auto_pad": "SAME_UPPER", "strides": [3]}),
     ("MaxPool", (1, 2, 7, 8, 9), {"kernel_shape": [2, 3, 2], "strides": [2, 2, 1], "dilations": [2, 1, 2],
                                   "ceil_mode": 1}),
-    ("AveragePool", (1, 2, 7, 6, 5), {"kernel_shape": [3, 2, 3], "strides": [2, 1, 2], "pads": [1, 0, 1, 1, 1, 0],
-                                      "count_include_pad": 1}),
+    pytest.param("AveragePool", (1, 2, 7, 6, 5), {"kernel_shape": [3, 2, 3], "strides": [2, 1, 2],
+                                                  "pads": [1, 0, 1, 1, 1, 0], "count_include_pad": 1},
+                 marks=pytest.mark.skipif(OLD_ORT, reason="onnxruntime < 1.25 averages this padded 3-d pool wrong")),
     ("AveragePool", (1, 2, 7, 6, 5), {"kernel_shape": [3, 3, 2], "auto_pad": "SAME_LOWER", "strides": [2, 2, 2]}),
     ("GlobalAveragePool", (2, 3, 4, 5, 6), {}),
     ("GlobalMaxPool", (2, 3, 7), {}),
@@ -165,6 +169,7 @@ def test_max_pool_indices_of_a_3d_pool_are_an_error_naming_the_node() -> None:
 # --- normalizations -------------------------------------------------------------------------------
 
 
+@pytest.mark.skipif(OLD_ORT, reason="onnxruntime < 1.25 refuses a bias shaped unlike the scale")
 @pytest.mark.parametrize("outputs", [("y",), ("y", "mean", "inv_std"), ("y", "", "inv_std")])
 @pytest.mark.parametrize("axis", [1, -1])
 def test_layer_normalization_matches_onnxruntime(outputs: tuple[str, ...], axis: int) -> None:

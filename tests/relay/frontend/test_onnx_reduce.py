@@ -25,6 +25,9 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 from kiln import relay  # noqa: E402
 from kiln.relay.frontend import OnnxImportError  # noqa: E402
 
+# onnxruntime before 1.25 (1.23 is the newest for Python 3.10) lacks kernels of newer opsets and gets cases wrong
+OLD_ORT = tuple(int(p) for p in ort.__version__.split(".")[:2]) < (1, 25)
+
 Array = np.ndarray[Any, Any]
 rng = np.random.default_rng(0)
 
@@ -261,8 +264,12 @@ def test_a_scan_axis_out_of_range_or_not_one_integer_is_an_error() -> None:
 # --- normalizations -------------------------------------------------------------------------------
 
 
+_OLD_ORT_RMS = pytest.mark.skipif(OLD_ORT, reason="onnxruntime < 1.25 refuses a scale that broadcasts")
+
+
 @pytest.mark.parametrize(("shape", "axis", "scale_shape"), [((3, 8), -1, (8,)), ((2, 3, 4), 1, (3, 4)),
-                                                           ((2, 3, 4), 0, (1, 4)), ((2, 5), 0, ())])
+                                                           pytest.param((2, 3, 4), 0, (1, 4), marks=_OLD_ORT_RMS),
+                                                           pytest.param((2, 5), 0, (), marks=_OLD_ORT_RMS)])
 def test_rms_normalization_matches_onnxruntime(shape: tuple[int, ...], axis: int,
                                                scale_shape: tuple[int, ...]) -> None:
     inputs = {"x": rand(*shape), "s": rand(*scale_shape)}
@@ -285,6 +292,7 @@ def test_rms_normalization_refuses_a_scale_that_would_broadcast_the_output() -> 
         relay.frontend.from_onnx(model(node("RMSNormalization", ["x", "s"]), inputs, opset=23))
 
 
+@pytest.mark.skipif(OLD_ORT, reason="onnxruntime < 1.25 has no LpNormalization-22")
 @pytest.mark.parametrize(("axis", "p"), [(-1, 2), (0, 1), (1, 2)])
 def test_lp_normalization_matches_onnxruntime_and_zero_norms_give_zero(axis: int, p: int) -> None:
     x = rand(3, 4)

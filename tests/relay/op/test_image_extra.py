@@ -39,7 +39,8 @@ def onnx_run(op: str, inputs: dict[str, np.ndarray], n_out: int = 1, opset: int 
         [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
          for k, v in inputs.items()],
         [helper.make_tensor_value_info(o, t, None) for o, t in zip(outs, [first, 7], strict=False)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    # ir_version 10: onnx's default is newer than onnxruntime 1.23 (the newest for Python 3.10) reads
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
     if runtime:
         session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         return list(session.run(None, inputs))
