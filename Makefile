@@ -3,6 +3,7 @@
 #   make test   set up .venv, then lint, type-check and run the test suite (all but the `models` tests)
 #   make test-models   the tests that compile large real models (minutes each)
 #   make test-pythons  the same suite on the oldest and newest Python that kiln supports (3.10, 3.13), as CI runs it
+#   make test-install  `pip install .` (no extras) into a new venv: the README's quick start and `kiln demo` run
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -17,7 +18,7 @@ PYENV_ROOT ?= $(HOME)/.pyenv
 pyenv_python = $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python$(1))))
 python_for = $(or $(call pyenv_python,$(1)),$(shell command -v python$(1)))
 
-.PHONY: demo test test-models test-pythons lint typecheck bench clean
+.PHONY: demo test test-models test-pythons test-install lint typecheck bench clean
 
 # everything the tests need: the dev tools, the ONNX extra, and the CUDA extra (NVRTC compiles CUDA C to
 # CUBIN without a GPU; the tests check every op's source that way)
@@ -66,6 +67,17 @@ test-python-%: .venv-%/.kiln-installed
 # one Python after the other: each run already takes both cores
 test-pythons:
 	@for v in $(PYTHONS); do echo "== Python $$v"; $(MAKE) --no-print-directory test-python-$$v || exit 1; done
+
+# what a user who does not use make gets: kiln and its three dependencies, nothing from the extras
+test-install:
+	rm -rf .venv-install && $(PYTHON) -m venv .venv-install
+	.venv-install/bin/python -m pip install --quiet .
+	awk '/^## Quick start in Python/{on=1} on && /^```$$/{exit} on && f{print} on && /^```python/{f=1}' README.md \
+		> .venv-install/quickstart.py
+	cd .venv-install && bin/python quickstart.py
+	.venv-install/bin/kiln demo > .venv-install/demo.log
+	grep -q "pip install 'kiln\[onnx\]' adds this part" .venv-install/demo.log
+	rm -rf .venv-install
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
