@@ -1,5 +1,10 @@
-"""Pictures of a compiled model, self-contained (no graphviz, no scripts): `Library.draw` and `kiln show --svg`
-draw the fused graph as SVG, `kiln bench --per-kernel --html` the per-kernel profile as an HTML bar chart.
+"""Pictures of a compiled model, self-contained (no scripts): `Library.draw` and `kiln show --svg` draw the
+fused graph as SVG, `kiln bench --per-kernel --html` the per-kernel profile as an HTML bar chart.
+
+The graph is laid out by graphviz's `dot` where it is installed (`engine="auto"` or `"graphviz"`: kiln
+writes the graph in DOT and reads back dot's SVG), else by kiln's own layered layout (`engine="kiln"`,
+and "auto" without `dot` or when dot fails). Both draw the same boxes, edges and shades, with the boxes
+as SVG groups of class "input", "launch" and "output" and the edges of class "edge".
 
 The graph is drawn top to bottom in layers: the inputs first, each launch (a fused group: one kernel) one
 layer below the deepest value it reads, the outputs last. A box names the kernel and the ops it fuses (with
@@ -11,6 +16,9 @@ Constants (weights) are left out: they would bury the data flow.
 
 from __future__ import annotations
 
+import logging
+import shutil
+import subprocess
 from collections.abc import Sequence
 from html import escape
 from typing import TYPE_CHECKING
@@ -28,17 +36,71 @@ def _cut(text: str) -> str:
 
 
 def _shade(share: float) -> str:
-    """White at 0, deep orange at 1."""
+    """White at 0, deep orange (#ff8c14) at 1, as "#rrggbb" (which SVG and graphviz both read)."""
     s = max(0.0, min(1.0, share))
-    return f"rgb(255,{round(255 - 115 * s)},{round(255 - 235 * s)})"
+    return f"#ff{round(255 - 115 * s):02x}{round(255 - 235 * s):02x}"
 
 
-def graph_svg(lib: Library, profile: Profile | None = None) -> str:
-    """The fused graph of `lib` as an SVG document (see the module doc)."""
+_DOT_TIMEOUT = 60.0  # seconds dot may take before kiln lays the graph out itself
+_log = logging.getLogger("kiln")
+Box = tuple[str, list[str], str, str]  # (css class, lines, fill, tooltip)
+
+
+def graph_svg(lib: Library, profile: Profile | None = None, engine: str = "auto") -> str:
+    """The fused graph of `lib` as an SVG document (see the module doc).
+
+    Raises:
+        ValueError: an unknown `engine`; RuntimeError: `engine="graphviz"` without a working `dot`.
+    """
+    if engine not in ("auto", "graphviz", "kiln"):
+        raise ValueError(f"engine must be 'auto', 'graphviz' or 'kiln', got {engine!r}")
+    boxes, level, edges = _graph(lib, profile)
+    dot = shutil.which("dot") if engine != "kiln" else None
+    if dot is not None:
+        try:
+            done = subprocess.run([dot, "-Tsvg"], input=graph_dot(boxes, edges), capture_output=True, text=True,
+                                  timeout=_DOT_TIMEOUT, check=False)
+            start = done.stdout.find("<svg")
+            if done.returncode == 0 and start >= 0:
+                return done.stdout[start:]  # without dot's XML prolog and doctype: the same document as kiln's
+            why = done.stderr.strip()[:300] or "no SVG in its output"
+        except (OSError, subprocess.TimeoutExpired) as err:
+            why = str(err)
+        if engine == "graphviz":
+            raise RuntimeError(f"graphviz's dot ({dot}) failed: {why}")
+        _log.warning("graphviz's dot failed (%s); drawing the graph with kiln's own layout", why)
+    elif engine == "graphviz":
+        raise RuntimeError("engine='graphviz' needs graphviz's dot on PATH (apt-get install graphviz)")
+    return _svg(boxes, level, edges)
+
+
+def graph_dot(boxes: Sequence[Box], edges: Sequence[tuple[int, int, str]]) -> str:
+    """The boxes and edges of `_graph` in graphviz's DOT language, top to bottom."""
+    def esc(text: str) -> str:
+        return text.replace("\\", "\\\\").replace('"', '\\"')
+
+    def q(text: str) -> str:
+        return f'"{esc(text)}"'
+
+    out = ["digraph kiln {", "  rankdir=TB;",
+           '  node [shape=box, style="rounded,filled", fontname="monospace", fontsize=10];',
+           '  edge [fontname="monospace", fontsize=9, color="#555555", fontcolor="#555555"];']
+    for b, (kind, lines, fill, tip) in enumerate(boxes):
+        label = "".join(esc(t) + "\\l" for t in lines)  # each line left-justified
+        out.append(f'  n{b} [id={q(f"{kind}-{b}")}, class={q(kind)}, label="{label}", fillcolor={q(fill)}, '
+                   f"tooltip={q(tip)}];")
+    for a, b, label in edges:
+        out.append(f"  n{a} -> n{b} [class=\"edge\", label={q(label)}];")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def _graph(lib: Library, profile: Profile | None) -> tuple[list[Box], list[int], list[tuple[int, int, str]]]:
+    """The boxes (inputs, launches, outputs), their layers and the edges (from, to, label) of `lib`'s graph."""
     from kiln.runtime.profile import made_by
 
     g = lib.graph
-    boxes: list[tuple[str, list[str], str, str]] = []  # (css class, lines, fill, tooltip)
+    boxes: list[Box] = []
     level: list[int] = []
     made: dict[int, int] = {}  # slot -> the box that makes it
     edges: list[tuple[int, int, str]] = []
@@ -74,10 +136,10 @@ def graph_svg(lib: Library, profile: Profile | None = None) -> str:
         level.append(1 + (level[src] if src is not None else 0))
         if src is not None:
             edges.append((src, len(boxes) - 1, g.slots[s].text))
-    return _svg(boxes, level, edges)
+    return boxes, level, edges
 
 
-def _svg(boxes: Sequence[tuple[str, list[str], str, str]], level: Sequence[int],
+def _svg(boxes: Sequence[Box], level: Sequence[int],
          edges: Sequence[tuple[int, int, str]]) -> str:
     rows: dict[int, list[int]] = {}
     for b, lv in enumerate(level):

@@ -224,13 +224,14 @@ class Library:
         """The bytes of the intermediate buffers after memory planning."""
         return sum(self.graph.storage_sizes)
 
-    def draw(self, path: str | Path | None = None, profile: Any = None) -> str:
+    def draw(self, path: str | Path | None = None, profile: Any = None, engine: str = "auto") -> str:
         """The fused graph as a self-contained SVG (`kiln.runtime.draw`): a box per launch with the ops it fuses,
         edges with dtypes and shapes, each box shaded by its share of the time when `profile` (what
-        `executor.profile()` returns) is given. Written to `path` when one is given; returned either way."""
+        `executor.profile()` returns) is given; laid out by graphviz's dot where it is installed
+        (`engine`: "auto", "graphviz" or "kiln"). Written to `path` when one is given; returned either way."""
         from kiln.runtime.draw import graph_svg
 
-        svg = graph_svg(self, profile)
+        svg = graph_svg(self, profile, engine)
         if path is not None:
             Path(path).write_text(svg)
         return svg
