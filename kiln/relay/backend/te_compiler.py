@@ -32,6 +32,7 @@ from kiln.relay.analysis import structural_hash
 from kiln.relay.backend.strategy import select_implementation
 from kiln.relay.op._schedule import KEEP, schedule_injective
 from kiln.relay.visitor import post_order
+from kiln.runtime import library_cache
 from kiln.target import Target
 from kiln.tir.expr import IntImm
 from kiln.tir.functor import same_expr
@@ -291,15 +292,17 @@ def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: st
 
     Structurally equal functions compile once per target (and per forced labels); functions that
     differ only in the values of their tensor constants (ResNet's blocks: the same convolution
-    with other weights) share one compiled module, each kernel with its own constants.
+    with other weights) share one compiled module, each kernel with its own constants. With
+    `KILN_CACHE=0` (no caches, `kiln.runtime.library_cache.enabled`) every call compiles.
     """
     from kiln.relay.analysis import structural_equal
 
     tgt = target if isinstance(target, Target) else Target(target)
     lowerer = _Lowerer(func, tgt)
     key = (structural_hash(func, tensor_values=False), f"{tgt} {sorted(lowerer.labels.items())}", lowerer.choices())
+    cached = library_cache.enabled()
     with _CACHE_LOCK:
-        for other, kernel in _CACHE.get(key, []):
+        for other, kernel in _CACHE.get(key, []) if cached else []:
             if structural_equal(other, func, tensor_values=False):
                 _CACHE.move_to_end(key)
                 if other is func:
@@ -310,8 +313,9 @@ def compile_primitive(func: rx.Function, target: Target | str = "llvm", name: st
         module = tgt.backend()(optimize_tir(te.lower(sch, [*inputs, *outs], name=name)), tgt)
     out_types = tensor_types(func.body.checked_type, "the result")
     kernel = CompiledKernel(name, module, len(func.params), lowerer.constants, out_types)
-    with _CACHE_LOCK:
-        _CACHE.setdefault(key, []).append((func, kernel))
-        while len(_CACHE) > _CACHE_LIMIT:
-            _CACHE.popitem(last=False)
+    if cached:
+        with _CACHE_LOCK:
+            _CACHE.setdefault(key, []).append((func, kernel))
+            while len(_CACHE) > _CACHE_LIMIT:
+                _CACHE.popitem(last=False)
     return kernel

@@ -390,3 +390,18 @@ def test_a_build_under_instruments_runs_its_passes_even_when_the_library_is_cach
         with PassContext(opt_level=3, instruments=[PrintIRInstrument(stream=seen)]):
             build(func)
         assert "// IR after FuseOps" in seen.getvalue()
+
+
+def test_with_caches_off_a_second_build_compiles_its_kernels_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.relay.backend import te_compiler
+
+    lowered: list[str] = []
+    real = te_compiler.optimize_tir
+    monkeypatch.setattr(te_compiler, "optimize_tir", lambda f: (lowered.append(f.name), real(f))[1])
+    x = relay.var("x", shape=(3, 7))
+    func = relay.Function([x], relay.nn.relu(relay.add(x, relay.const(1.0))))
+    monkeypatch.setenv("KILN_CACHE", "0")
+    relay.build(func)
+    first = len(lowered)
+    relay.build(func)
+    assert first > 0 and len(lowered) == 2 * first  # KILN_CACHE=0: every build lowers every kernel again
