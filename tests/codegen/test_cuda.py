@@ -518,8 +518,8 @@ def test_sibling_thread_loops_share_the_block_and_the_shorter_is_guarded():
     assert mod.kernels[0].block == (32, 1, 1)
 
 
-def _vectorized_copy(shift: int) -> str:
-    """The kernel of C[i] = A[i + shift] * 2, 4 elements a thread in a vectorized loop."""
+def _vectorized_copy(shift: int):
+    """C[i] = A[i + shift] * 2 built for cuda, 4 elements a thread in a vectorized loop."""
     A = te.placeholder((4096 + shift,), name="A")
     C = te.compute((4096,), lambda i: A[i + shift] * 2.0, name="C")
     s = te.create_schedule([C])
@@ -528,17 +528,17 @@ def _vectorized_copy(shift: int) -> str:
     s[C].bind(bx, te.thread_axis("blockIdx.x"))
     s[C].bind(tx, te.thread_axis("threadIdx.x"))
     s[C].vectorize(vec)
-    return kernel_text(kiln.build(s, [A, C], target=SM90))
+    return kiln.build(s, [A, C], target=SM90)
 
 
 def test_a_vectorized_loop_over_aligned_elements_is_one_vector_load_and_store():
-    text = _vectorized_copy(0)
+    text = kernel_text(_vectorized_copy(0))
     assert "*(uint4*)kiln_vec0 = *(const uint4*)&A[" in text and "*(uint4*)&C[" in text
     assert "for (int i_inner_inner" not in text
 
 
 def test_a_vectorized_loop_it_cannot_prove_aligned_is_unrolled_by_the_compiler():
-    text = _vectorized_copy(1)  # A[i + 1]: the load is off by one element; the store alone is a vector
+    text = kernel_text(_vectorized_copy(1))  # A[i + 1]: the load is off by one element; the store alone is a vector
     assert "*(uint4*)&C[" in text and "*(const uint4*)&A[" not in text
 
 
@@ -547,15 +547,7 @@ def test_a_vectorized_loop_it_cannot_prove_aligned_is_unrolled_by_the_compiler()
 def test_vectorized_loops_match_numpy(host_cupy, shift):
     a = np.random.default_rng(5).standard_normal(4096 + shift).astype("float32")
     c = np.zeros(4096, "float32")
-    A = te.placeholder((4096 + shift,), name="A")
-    C = te.compute((4096,), lambda i: A[i + shift] * 2.0, name="C")
-    s = te.create_schedule([C])
-    bx, rest = s[C].split(C.op.axis[0], factor=1024)
-    tx, vec = s[C].split(rest, factor=4)
-    s[C].bind(bx, te.thread_axis("blockIdx.x"))
-    s[C].bind(tx, te.thread_axis("threadIdx.x"))
-    s[C].vectorize(vec)
-    kiln.build(s, [A, C], target=SM90)(a, c)
+    _vectorized_copy(shift)(a, c)
     np.testing.assert_array_equal(c, a[shift:] * 2)
 
 

@@ -94,10 +94,7 @@ def schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: S
     nb, nr = stage.split(sn, factor=_THREADS * tn)
     nt, ni = stage.split(nr, factor=tn)
     stage.reorder(*batch, mb, nb, mt, nt, mi, ni)
-    if batch:
-        stage.bind(stage.fuse(*batch) if len(batch) > 1 else batch[0], te.thread_axis("blockIdx.z"))
-    stage.bind(mb, te.thread_axis("blockIdx.y"))
-    stage.bind(nb, te.thread_axis("blockIdx.x"))
+    _bind_blocks(stage, batch, mb, nb)
     stage.bind(mt, te.thread_axis("threadIdx.y"))
     stage.bind(nt, te.thread_axis("threadIdx.x"))
     stage.unroll(mi)
@@ -113,6 +110,14 @@ def schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: S
     local.unroll(ln)
     for operand in dict.fromkeys(local.op.input_tensors):  # a and b, once each (a @ a reads one tensor)
         _stage_panel(sch, operand, local, ko, _k_first(local.op, operand))
+
+
+def _bind_blocks(stage: te.Stage, batch: Sequence[Any], rows: Any, cols: Any) -> None:
+    """A product's grid: its batch axes (fused) on blockIdx.z, its row and column tiles on y and x."""
+    if batch:
+        stage.bind(stage.fuse(*batch) if len(batch) > 1 else batch[0], te.thread_axis("blockIdx.z"))
+    stage.bind(rows, te.thread_axis("blockIdx.y"))
+    stage.bind(cols, te.thread_axis("blockIdx.x"))
 
 
 def _stage_panel(sch: te.Schedule, operand: te.Tensor, local: te.Stage, step: Any, axes: Any) -> None:
@@ -346,10 +351,7 @@ def schedule_tensorcore(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs
     ni, nr = stage.split(nr, factor=8)
     t, j = stage.split(nr, factor=2)
     stage.reorder(*batch, mb, nb, wm, wn, g, t, mi, ni, h, j)
-    if batch:
-        stage.bind(stage.fuse(*batch) if len(batch) > 1 else batch[0], te.thread_axis("blockIdx.z"))
-    stage.bind(mb, te.thread_axis("blockIdx.y"))
-    stage.bind(nb, te.thread_axis("blockIdx.x"))
+    _bind_blocks(stage, batch, mb, nb)
     stage.bind(wm, te.thread_axis("threadIdx.z"))
     stage.bind(wn, te.thread_axis("threadIdx.y"))
     lane = stage.fuse(g, t)
