@@ -10,7 +10,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.types import ANY, FuncType, IncompleteType, SizeVar, TensorType, TupleType, TypeVar
 from kiln.relay import analysis, frontend, transform
 from kiln.relay.analysis import structural_equal, structural_hash
-from kiln.relay.backend.build_module import build, optimize
+from kiln.relay.backend.build_module import build, draw, optimize
 from kiln.relay.expr import (
     Call,
     Constant,
@@ -145,6 +145,7 @@ __all__ = [
     "bitwise_xor",
     "broadcast_to",
     "build",
+    "draw",
     "call",
     "cast",
     "ceil",

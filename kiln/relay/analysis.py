@@ -229,24 +229,3 @@ def structural_hash(expr: Any, map_free_vars: bool = False, tensor_values: bool 
             hashes[id(node)] = h(type(node).__name__, kids)
     return int.from_bytes(hashes[id(expr)][:8], "little", signed=True)
 
-
-def draw(mod: IRModule | Function, path: str | None = None, params: Mapping[str, Any] | None = None,
-         target: str = "llvm", profile: Any = None, engine: str = "auto") -> str:
-    """The fused graph of `mod` as SVG, as `relay.build(mod, target, params).draw(path, profile, engine)` draws
-    it (`kiln.runtime.draw`): the groups FuseOps makes for `target`, each a box with its ops, edges with dtypes
-    and shapes. It compiles the model (the library cache makes a second call cheap): a box is a kernel as built.
-
-    Args:
-        mod: the model (an IRModule with "main", or a Function).
-        path: where to write the SVG, if anywhere.
-        params: values bound to main's parameters before the build, as for `relay.build`.
-        target: the target whose fusion to draw.
-        profile: a `Profile` of the same library (`executor.profile()`) to shade the boxes by.
-        engine: "auto" (graphviz's dot where installed), "graphviz" or "kiln".
-
-    Returns:
-        The SVG document.
-    """
-    from kiln.relay.backend.build_module import build
-
-    return build(mod, target=target, params=params).draw(path, profile, engine)

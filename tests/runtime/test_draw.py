@@ -98,10 +98,10 @@ def test_without_dot_the_graph_is_laid_out_by_kiln_and_graphviz_alone_is_refused
         lib.draw(engine="neato")
 
 
-def test_relay_analysis_draws_a_module_as_its_build_does() -> None:
+def test_relay_draws_a_module_as_its_build_does() -> None:
     x = relay.var("x", shape=(4, 16))
     h = relay.nn.relu(relay.nn.dense(x, relay.const(np.ones((8, 16), "float32"))))
     func = relay.Function([x], relay.Tuple([relay.nn.softmax(h), relay.sum(h, axis=1)]))
-    svg = relay.analysis.draw(relay.IRModule.from_expr(func), engine="kiln")
+    svg = relay.draw(relay.IRModule.from_expr(func), engine="kiln")
     assert svg == relay.build(func).draw(engine="kiln")
     assert len(_groups(ET.fromstring(svg), "launch")) == 3

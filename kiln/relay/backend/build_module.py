@@ -476,3 +476,23 @@ def library_key(mod: IRModule | rx.Function, params: Mapping[str, Any] | None, t
         h.update(f"{name} {arr.dtype.str} {arr.shape}".encode())
         h.update(np.ascontiguousarray(arr).data)
     return h.hexdigest()
+
+
+def draw(mod: IRModule | rx.Function, path: str | None = None, params: Mapping[str, Any] | None = None,
+         target: str = "llvm", profile: Any = None, engine: str = "auto") -> str:
+    """The fused graph of `mod` as SVG (`relay.draw`), as `build(mod, target, params).draw(path, profile, engine)`
+    draws it (`kiln.runtime.draw`): the groups FuseOps makes for `target`, each a box with its ops, edges with
+    dtypes and shapes. It compiles the model (the library cache makes a second call cheap): a box is a kernel.
+
+    Args:
+        mod: the model (an IRModule with "main", or a Function).
+        path: where to write the SVG, if anywhere.
+        params: values bound to main's parameters before the build, as for `relay.build`.
+        target: the target whose fusion to draw.
+        profile: a `Profile` of the same library (`executor.profile()`) to shade the boxes by.
+        engine: "auto" (graphviz's dot where installed), "graphviz" or "kiln".
+
+    Returns:
+        The SVG document.
+    """
+    return build(mod, target=target, params=params).draw(path, profile, engine)
