@@ -159,15 +159,16 @@ class _Tensorizer(StmtExprMutator):
         if sr8 is None or sk is None or skb is None or sc is None or ch is None or cj is None or sr8 % 8:
             return None
         sr = sr8 // 8
-        for ln in range(WARP):
+        # Every lane at the nest's first iteration (the lane enters through // and %), every iteration of
+        # lanes 0 and 31 at the ends and middle of k (the loops enter affinely: te's indices are affine in them)
+        points = [(ln, 0, 0, 0) for ln in range(WARP)]
+        points += [(ln, hh, jj, kk) for ln in (0, 31) for hh in (0, 1) for jj in (0, 1) for kk in (0, 1, 8, 15)]
+        for ln, hh, jj, kk in points:
             g, t = divmod(ln, 4)
-            for kk in (0, 1, 8, 15):
-                for hh in (0, 1):
-                    for jj in (0, 1):
-                        if (da(ln, hh, jj, kk) != (g + 8 * hh) * sr + kk * sk
-                                or db(ln, hh, jj, kk) != kk * skb + (2 * t + jj) * sc
-                                or dc(ln, hh, jj, kk) != hh * ch + jj * cj):
-                            return None
+            if (da(ln, hh, jj, kk) != (g + 8 * hh) * sr + kk * sk
+                    or db(ln, hh, jj, kk) != kk * skb + (2 * t + jj) * sc
+                    or dc(ln, hh, jj, kk) != hh * ch + jj * cj):
+                return None
         mode_a = self._mode(a[0], ca, sk, sr)
         mode_b = self._mode(b[0], cb, skb, sc)
         return cc, ch, cj, ca, sr, sk, cb, skb, sc, mode_a, mode_b
