@@ -83,7 +83,7 @@ from kiln.codegen.cuda_mma import MMA_PRELUDE, MmaRun, calls
 from kiln.codegen.cuda_types import C_TYPES
 from kiln.codegen.cuda_types import float_literal as _float_literal
 from kiln.codegen.cuda_types import int_literal as _int_literal
-from kiln.codegen.cuda_vector import ASYNC_PRELUDE, emit_vectorized, with_async_waits
+from kiln.codegen.cuda_vector import ASYNC_PRELUDE, INT32_MAX, emit_vectorized, with_async_waits
 from kiln.codegen.cuda_vector import narrow_index as _narrow_index
 from kiln.codegen.jit import CodegenError
 from kiln.ir.dtype import DataType
@@ -158,7 +158,6 @@ _MATH: dict[str, tuple[str, str]] = {
     "abs": ("fabsf", "fabs"), "sin": ("sinf", "sin"), "cos": ("cosf", "cos"), "fma": ("fmaf", "fma"),
 }
 _STATIC_SHARED_LIMIT = 48 * 1024  # the default limit of shared memory per block
-_INT32_MAX = 2**31 - 1
 
 _KEYWORDS = frozenset(
     [
@@ -749,7 +748,7 @@ class CodeGenCUDA:
 def _small(buf: Buffer) -> bool:
     """Whether `buf` (flattened) has a constant size below 2**31 elements: its offsets fit in int32."""
     (size,) = buf.shape
-    return isinstance(size, IntImm) and size.value <= _INT32_MAX
+    return isinstance(size, IntImm) and size.value <= INT32_MAX
 
 
 def generate(func: PrimFunc, target: Target) -> CudaCode:

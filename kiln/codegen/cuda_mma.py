@@ -9,7 +9,7 @@ float32 accumulation. How an operand is loaded is the call's mode for it:
 `ldmatrix` (shared memory, the rows of the 8 x 8 blocks 16-byte aligned and k
 contiguous), 3 one `ldmatrix.trans` (the same with the other axis contiguous).
 
-A run of calls with nothing between them (a warp's 4 x 4 tiles of one step
+A run of calls with nothing between them (a warp's 4 x 8 tiles of one step
 of k, unrolled) loads each distinct fragment once: `MmaRun` keeps the ones
 loaded so far, and the kernel writer drops them at any other statement.
 

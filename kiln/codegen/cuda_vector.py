@@ -28,7 +28,7 @@ from kiln.codegen.cuda_types import ctype
 from kiln.ir.dtype import DataType
 from kiln.tir.async_copy import ASYNC_COPY
 from kiln.tir.expr import Add, Buffer, BufferLoad, Cast, FloorDiv, FloorMod, IntImm, Max, Min, Mul, PrimExpr, Sub, Var
-from kiln.tir.functor import StmtExprMutator, post_order_visit, structural_key
+from kiln.tir.functor import StmtExprMutator, buffer_loads, structural_key
 from kiln.tir.simplify import Analyzer
 from kiln.tir.stmt import BufferStore, For
 from kiln.tir.transform import substitute
@@ -115,9 +115,7 @@ def emit_vectorized(w: _Writer, s: For) -> bool:
     if not (_vectorizable(store.buffer, lanes) and _step(w.ana, index, v, lanes) == 1
             and _aligned(w.ana, base, lanes)):
         return False
-    found: list[BufferLoad] = []
-    post_order_visit(store.value, lambda n: found.append(n) if isinstance(n, BufferLoad) else None)
-    vector_loads = [ld for ld in found if len(ld.indices) == 1 and _vectorizable(ld.buffer, lanes)
+    vector_loads = [ld for ld in buffer_loads(store.value) if len(ld.indices) == 1 and _vectorizable(ld.buffer, lanes)
                     and _step(w.ana, ld.indices[0], v, lanes) == 1 and _aligned(w.ana, first(ld.indices[0]), lanes)]
     value = store.value
     if (s.annotations.get(ASYNC_COPY, False) is not False and store.buffer.scope == "shared"

@@ -275,6 +275,13 @@ def used_vars(node: Node) -> set[Var]:
     return out
 
 
+def buffer_loads(node: Node) -> list[BufferLoad]:
+    """The buffer loads in `node`, in post order (loads inside indices before the loads that read at them)."""
+    out: list[BufferLoad] = []
+    post_order_visit(node, lambda n: out.append(n) if isinstance(n, BufferLoad) else None)
+    return out
+
+
 def structural_key(e: PrimExpr) -> Hashable:
     """A hashable key equal for structurally equal expressions (vars and buffers by identity)."""
     if isinstance(e, Var):

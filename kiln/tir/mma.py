@@ -21,14 +21,16 @@ warp's corner (lane 0's addresses), the strides are in elements of the
 flattened buffers, and `ma` (`mb`) says how A's (B's) fragments may be
 loaded: 2 or 3 by `ldmatrix` (or its `.trans`) where the operand is in shared
 memory with 16-byte aligned rows of 8 x 8 blocks, 1 in 32-bit pairs where k is
-contiguous at even offsets, else 0, half by half. The CUDA back end renders it as one `mma.sync` after each thread loads
-its fragments (its own rows of A, and column `g` of B: the hardware's layout,
-not the one the nest reads per thread); so all 32 lanes must run it together,
+contiguous at even offsets, else 0, half by half. The CUDA back end renders it
+as one `mma.sync` after each thread loads its fragments (its own rows of A,
+and column `g` of B: the hardware's layout, not the one the nest reads per
+thread); so all 32 lanes must run it together,
 which the nest's place guarantees (no guard between it and the warp's
 threadIdx.x loop, whose extent is checked to be 32).
 
 The pass checks that a marked nest is this computation (loop extents, the
-operand dtypes, and every index at every lane against the strides it derives)
+operand dtypes, and the indices against the strides it derives: every lane at
+the first iteration, every iteration at lanes 0 and 31)
 and raises `TIRError` naming the loop otherwise: a schedule that marks the
 wrong loops gets an error, never a wrong product. The initial zeroing that te
 emits with the same loops (same pragma) is left as loops.
@@ -41,7 +43,7 @@ from collections.abc import Callable
 import attrs
 
 from kiln.tir.expr import Add, Buffer, BufferLoad, Call, Cast, IntImm, Mul, PrimExpr, TIRError, Var
-from kiln.tir.functor import StmtExprMutator, post_order_visit
+from kiln.tir.functor import StmtExprMutator, buffer_loads
 from kiln.tir.simplify import Analyzer
 from kiln.tir.stmt import BufferStore, Evaluate, For, ForKind, LetStmt, PrimFunc, Stmt
 from kiln.tir.transform import substitute
@@ -50,13 +52,6 @@ MMA = "kiln.mma_m16n8k16"
 PRAGMA = "kiln.mma"  # the pragma a schedule puts on the nest's outermost loop
 WARP = 32
 _Access = tuple[Buffer, tuple[PrimExpr, ...]]
-
-
-def _loads(e: PrimExpr) -> list[BufferLoad]:
-    """The loads in `e`."""
-    found: list[BufferLoad] = []
-    post_order_visit(e, lambda n: found.append(n) if isinstance(n, BufferLoad) else None)
-    return found
 
 
 def _flat(buf: Buffer, indices: tuple[PrimExpr, ...]) -> PrimExpr:
@@ -112,7 +107,7 @@ class _Tensorizer(StmtExprMutator):
             raise self._fail(s, "it must be loops around one store")
         acc = body.buffer
         value = substitute(body.value, lets)
-        if not any(ld.buffer is acc for ld in _loads(value)):  # te's zeroing of the accumulators: loops stay
+        if not any(ld.buffer is acc for ld in buffer_loads(value)):  # te's zeroing of the accumulators: loops stay
             annotations = {key: v for key, v in s.annotations.items() if key != PRAGMA}
             return For(s.loop_var, s.min, s.extent, s.kind, s.body, s.thread_tag, annotations)
         if self.lane is None:

@@ -320,8 +320,8 @@ def schedule_tensorcore(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs
     copy the bm x bk part of a and the bk x bn part of b into shared memory in the
     operands' own layouts (reads along their rows stay coalesced) with each row
     padded by 8 halves (16 bytes: the rows that a fragment load reads fall in
-    different banks), then each warp runs its 32 products per 16 k. Where k is
-    contiguous the fragments are loaded in 32-bit pairs, else half by half.
+    different banks), then each warp runs its 32 products per 16 k, its fragments
+    loaded by ldmatrix where the panel allows (`kiln.codegen.cuda_mma`).
     The nest of a 16 x 8 tile's 2 x 2 x 16 multiply-adds is marked `kiln.mma` and
     becomes one tensor-core instruction (`kiln.tir.mma`). The epilogue reads the
     accumulators back as each lane holds them.
