@@ -204,7 +204,7 @@ class Library:
                  variants: Sequence[tuple[dict[str, int], Graph]] = (), output_names: Sequence[str] = ()) -> None:
         self.graph = graph
         # the outputs' names: an ONNX model's, else output_0, output_1, ...
-        self.output_names = list(output_names) or [f"output_{i}" for i in range(len(graph.outputs))]
+        self.output_names = list(output_names) or _default_output_names(len(graph.outputs))
         self.kernels = list(kernels)
         self.target = target
         self.cache_key = cache_key  # the build-cache key it was stored under (`library_cache`), if any
@@ -310,13 +310,18 @@ class Library:
         header.update(kernels=kernels, blobs=[len(b) for b in blobs])
         if cache_key is not None:
             header["cache_key"] = cache_key
-        if self.output_names != [f"output_{i}" for i in range(len(self.graph.outputs))]:
+        if self.output_names != _default_output_names(len(self.graph.outputs)):
             header["output_names"] = self.output_names  # (a model's own names)
         head = json.dumps(header).encode()
         payload = struct.pack("<Q", len(head)) + head + b"".join(blobs)
         digest = hashlib.sha256(payload).digest()
         tag = _trust.sign(_MAGIC + payload)
         Path(path).write_bytes(_MAGIC + struct.pack("<Q", len(payload)) + digest + tag + payload)
+
+
+def _default_output_names(count: int) -> list[str]:
+    """The names of outputs a model does not name: output_0, output_1, ..."""
+    return [f"output_{i}" for i in range(count)]
 
 
 def format_bytes(n: int) -> str:
