@@ -43,7 +43,7 @@ from kiln.relay.op.conv_schedules import (
     packed_block,
     padded_input,
 )
-from kiln.relay.op.cuda_schedules import WINDOW
+from kiln.relay.op.cuda_schedules import WINDOW, Window
 from kiln.relay.op.indexing import strided_slice
 from kiln.relay.op.shape import reshape, transpose
 from kiln.tir import expr as tx
@@ -398,26 +398,36 @@ def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type)
 
 
 def _conv2d_cuda_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
-    """On cuda, an NCHW / OIHW convolution of one group reads a padded input stage (`padded_input`, kept
-    for the schedule), so its windows are affine in the output's indices: `cuda_schedules.schedule_conv2d`
-    copies a block's window of it into shared memory. Other convolutions get the direct compute."""
+    """On cuda, an NCHW / OIHW or NHWC / HWIO convolution, of any groups, reads a padded input stage
+    (`padded_input`, kept for the schedule), so its windows are affine in the output's indices:
+    `cuda_schedules.schedule_conv2d` copies a block's window of it into shared memory. Other layouts get
+    the direct compute."""
     data, weight = inputs
-    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW" or attrs.groups != 1:
+    layout = attrs.data_layout
+    if (layout, attrs.kernel_layout) not in (("NCHW", "OIHW"), ("NHWC", "HWIO")):
         return _conv2d_compute(attrs, inputs, out_type)
-    _, ig, kh, kw = static_kernel_dims(weight, attrs)
+    o_total, ig, kh, kw = static_kernel_dims(weight, attrs)
     shape = static_shape(out_type)
     dtype = dtype_of(out_type)
-    _, _, oh, ow = shape
+    _, _, oh, ow = pick(shape, DATA_AXES[layout])
     pt, pl, _, _ = attrs.padding
     (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
-    pad = padded_input(data, (pt, pl), ((oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1))
+    hw_axes = DATA_AXES[layout][2:]
+    pad = padded_input(data, (pt, pl), ((oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1),
+                       (hw_axes[0], hw_axes[1]))
+    og = o_total // attrs.groups
     rc, ry, rx = te.reduce_axis((0, ig), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
 
     def conv(n: PrimExpr, o: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
-        v = pad[n, rc, y * sh + ry * dh, x * sw + rx * dw]
-        return te.sum(te.cast(v, dtype) * te.cast(weight[o, rc, ry, rx], dtype), axis=[rc, ry, rx])
+        ch = rc if attrs.groups == 1 else (o if og == 1 else o // og) * ig + rc
+        v = pad[nchw_shape(n, ch, y * sh + ry * dh, x * sw + rx * dw, layout)]
+        k = kernel_at(weight, attrs, o, rc, ry, rx)
+        return te.sum(te.cast(v, dtype) * te.cast(k, dtype), axis=[rc, ry, rx])
 
-    return [te.compute(shape, conv, name="conv2d", attrs={WINDOW: pad})]
+    window = Window(pad, layout, attrs.groups, attrs.strides, attrs.dilation)
+    if layout == "NCHW":
+        return [te.compute(shape, conv, name="conv2d", attrs={WINDOW: window})]
+    return [te.compute(shape, lambda n, y, x, o: conv(n, o, y, x), name="conv2d", attrs={WINDOW: window})]
 
 
 def _conv2d_rows_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:

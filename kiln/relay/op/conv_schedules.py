@@ -120,28 +120,32 @@ def static_batch(d: Batch) -> int:
     return d if isinstance(d, int) else 1
 
 
-def padded_input(data: te.Tensor, pads: tuple[int, int], size_hw: tuple[int, int]) -> te.Tensor:
-    """`data` (NCHW) in a `size_hw` plane with zeros around it (`pads` (top, left) before it, the
-    rest after); `data` itself when that adds nothing.
+def padded_input(data: te.Tensor, pads: tuple[int, int], size_hw: tuple[int, int],
+                 hw_axes: tuple[int, int] = (2, 3)) -> te.Tensor:
+    """`data` (its rows and columns at `hw_axes`: (2, 3) for NCHW, (1, 2) for NHWC) in a `size_hw` plane
+    with zeros around it (`pads` (top, left) before it, the rest after); `data` itself when that adds
+    nothing.
     """
-    n, c, h, w = batch_shape(data)
-    (pt, pl), (hp, wp) = pads, size_hw
+    shape = list(batch_shape(data))
+    (ya, xa), (pt, pl), (hp, wp) = hw_axes, pads, size_hw
+    h, w = shape[ya], shape[xa]
     if (pt, pl, hp, wp) == (0, 0, h, w):
         return data
     zero = te.const(0, data.dtype)
 
-    def at(b: PrimExpr, ch: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
+    def at(i0: PrimExpr, i1: PrimExpr, i2: PrimExpr, i3: PrimExpr) -> PrimExpr:
+        index = [i0, i1, i2, i3]
         conds: list[PrimExpr] = []
-        coords: list[PrimExpr] = []
-        for v, size, guard in ((y - pt, h, pt > 0 or hp > h), (x - pl, w, True)):
+        for axis, before, size, guard in ((ya, pt, h, pt > 0 or hp > h), (xa, pl, w, True)):
+            v = index[axis] - before
             if guard:  # a select may evaluate both sides: the load's index stays in bounds
                 conds += [v >= 0, v < size]
                 v = clamp(v, size)
-            coords.append(v)
-        value = data[b, ch, coords[0], coords[1]]
-        return te.if_then_else(tx.all_of(*conds), value, zero)
+            index[axis] = v
+        return te.if_then_else(tx.all_of(*conds), data[tuple(index)], zero)
 
-    return te.compute((n, c, hp, wp), at, name="pad", attrs={KEEP: True})
+    shape[ya], shape[xa] = hp, wp
+    return te.compute(tuple(shape), at, name="pad", attrs={KEEP: True})
 
 
 def _schedule_pad(sch: te.Schedule, pad: te.Tensor) -> None:

@@ -21,13 +21,22 @@ and bound by memory traffic for products. The schedules here are TVM's for CUDA:
   column) steps through `bc` input channels at a time, staging the weights of
   the block's channels and the input window its pixels read (the padded
   input stage inlined into the copy). Each thread keeps `tm` channels x `tn`
-  neighbouring pixels of one row in registers.
+  neighbouring pixels of one row in registers. NHWC / HWIO runs the same
+  tiles; its window is staged channel-first, as NCHW's, so that a warp's
+  pixels read distinct banks, while the copy reads global memory channel-
+  innermost (coalesced).
+- **Grouped and depthwise convolutions** (`schedule_conv2d` with groups): one
+  output channel and `tn` pixels a thread, 16 channels a block, the window of
+  the block's groups staged in shared memory (TVM's depthwise schedule). A
+  group size that neither divides 16 nor is a multiple of it would make a
+  block straddle groups unevenly; such convolutions take the generic schedule.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kiln import te
@@ -40,9 +49,26 @@ from kiln.tir.expr import BufferLoad, Cast, IntImm, Mul, PrimExpr
 from kiln.tir.transform import substitute
 
 _THREADS = 16  # threads per block along each of the two axes of a tile
-WINDOW = "kiln.cuda_window"  # ComputeOp attr of a cuda conv2d: the padded input stage its windows read
+WINDOW = "kiln.cuda_window"  # ComputeOp attr of a cuda conv2d: its `Window`
 _SHARED_PANEL = 32 * 1024  # bytes of one staged weight panel at most (two panels fit the default 48 KiB)
 _MIN_BLOCKS = 132  # blocks that give every multiprocessor of an H100-class device one
+
+
+@dataclass(frozen=True, eq=False)
+class Window:
+    """What a cuda conv2d's schedule reads of its compute: the padded input stage that its windows read,
+    the data layout ("NCHW", weights OIHW, or "NHWC", weights HWIO), the groups, strides and dilation."""
+
+    pad: te.Tensor
+    layout: str
+    groups: int
+    strides: tuple[int, int]
+    dilation: tuple[int, int]
+
+    def conv_axes(self, axes: Sequence[Any]) -> tuple[Any, Any, Any, Any]:
+        """(batch, channel, row, column) of `axes` in the data layout's order."""
+        b, p, q, r = axes
+        return (b, r, p, q) if self.layout == "NHWC" else (b, p, q, r)
 
 
 def _product_tiles(batch: int, m: int, n: int) -> tuple[int, int]:
@@ -120,12 +146,17 @@ def _bind_blocks(stage: te.Stage, batch: Sequence[Any], rows: Any, cols: Any) ->
     stage.bind(cols, te.thread_axis("blockIdx.x"))
 
 
-def _stage_panel(sch: te.Schedule, operand: te.Tensor, local: te.Stage, step: Any, axes: Any) -> None:
+def _stage_panel(sch: te.Schedule, operand: te.Tensor, local: te.Stage, step: Any, axes: Any,
+                 order: Sequence[int] | None = None) -> None:
     """A shared copy of what `local` reads of `operand` in one iteration of `step` (laid out by `axes`),
-    filled by the block's 16 x 16 threads together, each copying every 256th element."""
+    filled by the block's 16 x 16 threads together, each copying every 256th element; `order` (of the
+    copy's axes) puts the operand's own innermost axis innermost where `axes` moved it, so that a warp
+    reads consecutive addresses of global memory."""
     fill = sch[sch.cache_read(operand, "shared", [local], axes=axes)]
     fill.compute_at(local, step)
-    flat = fill.fuse(*fill.op.axis) if len(fill.op.axis) > 1 else fill.op.axis[0]
+    copy = [fill.op.axis[i] for i in order] if order is not None else list(fill.op.axis)
+    fill.reorder(*copy)
+    flat = fill.fuse(*copy) if len(copy) > 1 else copy[0]
     rest, tx = fill.split(flat, factor=_THREADS)
     _, ty = fill.split(rest, factor=_THREADS)
     fill.bind(ty, te.thread_axis("threadIdx.y"))
@@ -160,26 +191,55 @@ def _conv_tiles(n: int, o: int, oh: int, ow: int) -> tuple[int, int, int, int]:
 
 def schedule_conv2d(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
                     target: Any) -> None:
-    """Shared-memory and register tiling of an NCHW convolution (see the module docstring)."""
+    """Shared-memory and register tiling of a convolution, NCHW or NHWC (see the module docstring)."""
     (c,) = anchor_outs
-    pad = c.op.attrs.get(WINDOW) if isinstance(c.op, te.ComputeOp) else None
-    if pad is None or static_size(c) is None:
+    window = c.op.attrs.get(WINDOW) if isinstance(c.op, te.ComputeOp) else None
+    if not isinstance(window, Window) or static_size(c) is None:
         schedule_cuda(sch, anchor_outs, outs, target)
         return
     assert isinstance(c.op, te.ComputeOp)
+    pad = window.pad
     weight = next(t for t in c.op.input_tensors if t.op is not pad.op)
-    n, o, oh, ow = (int(d) for d in tensor_shape(c))
-    _, ig, kh, kw = (int(d) for d in tensor_shape(weight))
+    n, o, oh, ow = (int(d) for d in window.conv_axes(tensor_shape(c)))
+    wshape = [int(d) for d in tensor_shape(weight)]
+    kh, kw, ig = (wshape[2], wshape[3], wshape[1]) if window.layout == "NCHW" else wshape[:3]
+    og = o // window.groups
+    if window.groups > 1 and og % _THREADS and _THREADS % og:
+        schedule_cuda(sch, anchor_outs, outs, target)  # a block's channels would straddle groups unevenly
+        return
+    if window.groups > 1:
+        _schedule_grouped_conv2d(sch, c, outs, window, (oh, ow, kh, kw, ig, og))
+        return
     tm, tn, hx, wx = _conv_tiles(n, o, oh, ow)
     bc = 16
     while bc > 1 and (bc > ig or _THREADS * tm * bc * kh * kw * 4 > _SHARED_PANEL):
         bc //= 2
+    local = _tile_conv(sch, c, outs, window, tm, tn, hx, wx)
+    rc, ry, rx = local.op.reduce_axis
+    rco, rci = local.split(rc, factor=bc)
+    _, lo, ly, lx = window.conv_axes(local.op.axis)
+    local.reorder(rco, rci, ry, rx, lo, ly, lx)
+    for axis in (ry, rx, lo, ly, lx):
+        local.unroll(axis)
+    if window.layout == "NCHW":
+        _stage_panel(sch, pad, local, rco, None)
+        _stage_panel(sch, weight, local, rco, (1, 2, 3, 0))  # channel-last: a thread's tm channels in a row
+    else:  # the window channel-first as in NCHW (a warp's pixels on distinct banks), copied channel-innermost
+        _stage_panel(sch, pad, local, rco, (3, 0, 1, 2), order=(1, 2, 3, 0))
+        _stage_panel(sch, weight, local, rco, None)  # HWIO is channel-last already
+
+
+def _tile_conv(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor], window: Window, tm: int, tn: int,
+               hx: int, wx: int) -> te.Stage:
+    """The block and thread tiles of a convolution's output: 16 tm channels x hx rows x wx tn columns a
+    block, tm channels x tn neighbouring columns of one row a thread (channels on threadIdx.y, pixels on
+    threadIdx.x); returns the local stage, computed at each thread."""
     tiled, comp = split_epilogue(sch, c, outs, cache=True)
     sch[comp].set_scope("local")
-    if isinstance(pad.op, te.ComputeOp):
-        sch[pad].compute_inline()  # the window's copy into shared memory reads the input, zeros at the edge
+    if isinstance(window.pad.op, te.ComputeOp):
+        sch[window.pad].compute_inline()  # the window's copy into shared memory reads the input, zeros at the edge
     stage = sch[tiled]
-    b, so, sy, sx = stage.op.axis
+    b, so, sy, sx = window.conv_axes(stage.op.axis)
     ob, orr = stage.split(so, factor=_THREADS * tm)
     ot, oi = stage.split(orr, factor=tm)
     yb, yt = stage.split(sy, factor=hx)
@@ -193,17 +253,37 @@ def schedule_conv2d(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Se
     stage.bind(pixels, te.thread_axis("threadIdx.x"))
     stage.unroll(oi)
     stage.unroll(xi)
-
     local = sch[comp]
     local.compute_at(stage, pixels)
+    return local
+
+
+def _schedule_grouped_conv2d(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor], window: Window,
+                             dims: tuple[int, int, int, int, int, int]) -> None:
+    """A convolution of several groups (depthwise where each group is one channel) of og output channels,
+    og dividing 16 or 16 dividing og: one output channel and tn neighbouring pixels of a row per thread, 16
+    channels a block; the reduction steps through bc input channels of each group, staging the window that
+    the block's channels read (bc channels of each of their groups)."""
+    oh, ow, kh, kw, ig, og = dims
+    tn, wx = _pixel_tiles(oh, ow, 4)
+    hx = _THREADS // wx
+    (sh, sw), (dh, dw) = window.strides, window.dilation
+    rows, cols = (hx - 1) * sh + (kh - 1) * dh + 1, (wx * tn - 1) * sw + (kw - 1) * dw + 1
+    spanned = max(_THREADS // og, 1)  # the groups of a block's 16 channels (og divides 16, or 16 divides og)
+    bc = 16
+    while bc > 1 and (bc > ig or ((spanned - 1) * ig + bc) * rows * cols * 4 > _SHARED_PANEL):
+        bc //= 2
+    local = _tile_conv(sch, c, outs, window, 1, tn, hx, wx)
     rc, ry, rx = local.op.reduce_axis
     rco, rci = local.split(rc, factor=bc)
-    *_, lo, ly, lx = local.op.axis
+    _, lo, ly, lx = window.conv_axes(local.op.axis)
     local.reorder(rco, rci, ry, rx, lo, ly, lx)
-    for axis in (ry, rx, lo, ly, lx):
+    for axis in (ry, rx, lx):
         local.unroll(axis)
-    _stage_panel(sch, pad, local, rco, None)
-    _stage_panel(sch, weight, local, rco, (1, 2, 3, 0))  # channel-last: a thread's tm channels in a row
+    if window.layout == "NCHW":
+        _stage_panel(sch, window.pad, local, rco, None)
+    else:
+        _stage_panel(sch, window.pad, local, rco, (3, 0, 1, 2), order=(1, 2, 3, 0))
 
 
 # --- tensor cores: float16 products through mma.sync ------------------------------------------------------

@@ -185,6 +185,20 @@ CASES: list[Case] = [
     Case("nn.conv2d", (f32(1, 20, 7, 9), f32(24, 20, 1, 1)), rtol=1e-4, atol=1e-4, label="tiles-1x1"),
     Case("nn.conv2d", (f32(1, 3, 15, 15), f32(8, 3, 5, 5)), {"padding": 2, "strides": 2, "dilation": (1, 2)},
          rtol=1e-4, atol=1e-4, label="tiles-dilated"),
+    # several groups (depthwise: one channel each) and NHWC / HWIO, with channel and pixel tails
+    Case("nn.conv2d", (f32(1, 20, 9, 11), f32(20, 1, 3, 3)), {"padding": 1, "groups": 20}, rtol=1e-4, atol=1e-5,
+         label="depthwise"),
+    Case("nn.conv2d", (f32(2, 6, 9, 9), f32(12, 1, 3, 3)), {"padding": 1, "strides": 2, "groups": 6},
+         rtol=1e-4, atol=1e-5, label="depthwise-multiplier"),
+    Case("nn.conv2d", (f32(1, 16, 7, 6), f32(16, 4, 3, 3)), {"padding": (0, 1, 2, 1), "groups": 4},
+         rtol=1e-4, atol=1e-5, label="grouped"),
+    Case("nn.conv2d", (f32(1, 12, 5, 6), f32(18, 4, 3, 3)), {"padding": 1, "groups": 3}, rtol=1e-4, atol=1e-5,
+         label="grouped-generic"),  # 6 channels a group: a block of 16 would straddle groups unevenly
+    Case("nn.conv2d", (f32(1, 7, 9, 19), f32(3, 3, 19, 24)),
+         {"padding": 1, "data_layout": "NHWC", "kernel_layout": "HWIO"}, rtol=1e-4, atol=1e-4, label="nhwc"),
+    Case("nn.conv2d", (f32(1, 8, 8, 20), f32(3, 3, 1, 20)),
+         {"padding": 1, "strides": 2, "groups": 20, "data_layout": "NHWC", "kernel_layout": "HWIO"},
+         rtol=1e-4, atol=1e-5, label="nhwc-depthwise"),
     Case("nn.conv2d_transpose", (f32(1, 2, 4, 5), f32(2, 3, 3, 3)), {"strides": 2}, rtol=1e-4, atol=1e-5),
     Case("nn.max_pool2d", (f32(1, 2, 7, 8),), {"pool_size": 3, "strides": 2, "padding": 1}),
     Case("nn.avg_pool2d", (f32(1, 2, 7, 8),), {"pool_size": 3, "strides": 2, "padding": 1,
@@ -346,6 +360,9 @@ HOST_RUN = [
     "nn.dense", "nn.batch_matmul", "nn.dense-tiles", "nn.matmul-tiles", "nn.batch_matmul-tiles",  # products
     "nn.dense-tensorcore", "nn.matmul-tensorcore", "nn.batch_matmul-tensorcore",  # on tensor cores
     "nn.conv2d", "nn.conv2d-tiles", "nn.conv2d-tiles-1x1", "nn.conv2d-tiles-dilated", "nn.conv2d_transpose",
+    "nn.conv2d-depthwise", "nn.conv2d-depthwise-multiplier", "nn.conv2d-grouped", "nn.conv2d-grouped-generic",
+    "nn.conv2d-nhwc",
+    "nn.conv2d-nhwc-depthwise",
     "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d",  # pooling
     "image.resize", "image.resize-cubic", "nn.pad-wrap",  # image, and pads wider than the axis
     "add-float16", "exp-float16", "sum-float16", "nn.dense-int8", "image.resize-float16",  # other dtypes
@@ -417,6 +434,18 @@ def test_op_compiles_to_cubin_for_sm80_and_sm90(case: Case) -> None:
         assert isinstance(module, CudaModule) and module.arch == arch
         assert module.kernels and all(k.name in module.code.source for k in module.kernels)
         assert cubin_sm(module.cubin) == int(arch[3:]), arch
+
+
+@pytest.mark.parametrize(("case_id", "tiled"), [
+    ("nn.conv2d-tiles", True), ("nn.conv2d-depthwise", True), ("nn.conv2d-depthwise-multiplier", True),
+    ("nn.conv2d-grouped", True), ("nn.conv2d-nhwc", True), ("nn.conv2d-nhwc-depthwise", True),
+    ("nn.conv2d-grouped-generic", False),
+])
+def test_convolutions_stage_their_windows_in_shared_memory(case_id: str, tiled: bool) -> None:
+    """The tiled convolution schedules (one group, several, depthwise; NCHW and NHWC) copy the input window
+    of a block into shared memory; groups that a block of 16 channels would straddle unevenly do not."""
+    source = compile_case(BY_ID[case_id], SM90).module.code.source
+    assert ("pad_shared[" in source) == tiled, case_id
 
 
 # -- without a GPU: numerics through the stand-in -------------------------------------------------------
