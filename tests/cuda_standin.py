@@ -83,6 +83,8 @@ using std::isnan;
 static inline void __syncthreads() { pthread_barrier_wait(&kiln_barrier); }
 static inline float __fdividef(float a, float b) { return a / b; }
 static inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
+static inline float __uint_as_float(unsigned v) { float f; memcpy(&f, &v, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned v; memcpy(&v, &f, 4); return v; }
 static inline double __longlong_as_double(long long v) { double f; memcpy(&f, &v, 8); return f; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
@@ -118,14 +120,15 @@ template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int la
 #define KILN_HOST_EMULATION 1
 static inline unsigned short __half_as_ushort(__half h) { unsigned short u; memcpy(&u, &h, 2); return u; }
 static unsigned kiln_mma_regs[1024][6];
-static inline float kiln_mma_half(int warp, int lane, int reg, int high) {
+template <bool BF16> static inline float kiln_mma_half(int warp, int lane, int reg, int high) {
   unsigned r = kiln_mma_regs[warp + lane][reg];
   unsigned short u = (unsigned short)(high ? r >> 16 : r & 0xFFFFu);
+  if (BF16) return __uint_as_float((unsigned)u << 16);
   _Float16 h;
   memcpy(&h, &u, 2);
   return (float)h;
 }
-static inline void kiln_mma_sync_16816(float* d, const unsigned* a, const unsigned* b) {
+template <bool BF16> static inline void kiln_mma_sync_16816(float* d, const unsigned* a, const unsigned* b) {
   int tid = (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   memcpy(kiln_mma_regs[tid], a, 4 * sizeof(unsigned));
   memcpy(kiln_mma_regs[tid] + 4, b, 2 * sizeof(unsigned));
@@ -135,8 +138,8 @@ static inline void kiln_mma_sync_16816(float* d, const unsigned* a, const unsign
     int row = g + 8 * (q >> 1), col = 2 * t + (q & 1);
     float s = d[q];
     for (int k = 0; k < 16; ++k)
-      s += kiln_mma_half(warp, (row % 8) * 4 + (k % 8) / 2, (row >= 8) + 2 * (k >= 8), k % 2)
-           * kiln_mma_half(warp, col * 4 + (k % 8) / 2, 4 + (k >= 8), k % 2);
+      s += kiln_mma_half<BF16>(warp, (row % 8) * 4 + (k % 8) / 2, (row >= 8) + 2 * (k >= 8), k % 2)
+           * kiln_mma_half<BF16>(warp, col * 4 + (k % 8) / 2, 4 + (k >= 8), k % 2);
     d[q] = s;
   }
   pthread_barrier_wait(&kiln_barrier);

@@ -12,6 +12,7 @@ import pytest
 from kiln.ir.types import IncompleteType, TensorType, TupleType, Type
 from kiln.registry import Op, OpPattern, attr
 from kiln.relay.op._rel import RelationError
+from kiln.runtime.module import numpy_dtype
 
 RNG = np.random.default_rng(0)
 
@@ -108,7 +109,9 @@ def check_build(op: str, *arrays: np.ndarray, rtol: float = 1e-5, atol: float = 
         w = np.asarray(w)
         assert g.dtype == w.dtype, f"{op}: dtype {g.dtype}, reference {w.dtype}"
         assert g.shape == w.shape, f"{op}: shape {g.shape}, reference {w.shape}"
-        if g.dtype.kind in "fc":
+        if g.dtype == numpy_dtype("bfloat16"):  # ml_dtypes' type, which numpy's testing does not compare
+            np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=rtol, atol=atol, err_msg=op)
+        elif g.dtype.kind in "fc":
             np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=op)
         else:
             np.testing.assert_array_equal(g, w, err_msg=op)
@@ -151,7 +154,7 @@ def cuda_source_of(op: str, *arrays: np.ndarray, arch: str = "sm_90", **kw: Any)
 def run_on_device(kernel: Any, *arrays: np.ndarray, xp: Any) -> list[Any]:
     """Runs a compiled cuda kernel on device copies of `arrays` (`xp`: cupy, or a stand-in for it)
     into fresh device outputs, and returns those (device arrays: `.get()` for numpy)."""
-    outs = [xp.empty(tuple(int(d) for d in ty.shape), dtype=str(ty.dtype)) for ty in kernel.out_types]
+    outs = [xp.empty(tuple(int(d) for d in ty.shape), dtype=numpy_dtype(str(ty.dtype))) for ty in kernel.out_types]
     kernel(*[xp.asarray(a) for a in arrays], outs=outs)
     return outs
 
@@ -170,7 +173,9 @@ def assert_outputs_match(op: str, got: list[np.ndarray], want: list[np.ndarray],
         assert isinstance(g, np.ndarray), f"{op}: got a {type(g).__name__}, expected a numpy array"
         assert g.dtype == w.dtype, f"{op}: dtype {g.dtype}, reference {w.dtype}"
         assert g.shape == w.shape, f"{op}: shape {g.shape}, reference {w.shape}"
-        if g.dtype.kind in "fc":
+        if g.dtype == numpy_dtype("bfloat16"):  # ml_dtypes' type, which numpy's testing does not compare
+            np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=rtol, atol=atol, err_msg=op)
+        elif g.dtype.kind in "fc":
             np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=op)
         else:
             np.testing.assert_array_equal(g, w, err_msg=op)

@@ -45,7 +45,9 @@ Numerics, and why:
   the precision). Only the conversions `__float2half`, `__double2half` and
   `__half2float` are used, and the bit casts `__half_as_short`, `__short_as_half`
   and their unsigned forms, so `kiln.codegen.nvrtc` can supply them itself where
-  no CUDA toolkit headers are installed. bfloat16 is refused.
+  no CUDA toolkit headers are installed. bfloat16 values are kiln's own
+  `kiln_bf16` (cuda_types.BF16_PRELUDE: its bits, widened by a shift and
+  rounded to nearest even in integer arithmetic), computed in float32 the same way.
 - Math intrinsics are CUDA's full-precision functions (expf 2 ulp, logf 1,
   tanhf 2, erff 2, sqrtf correctly rounded): the fast `__expf`/`__logf` have
   errors growing with |x| (hundreds of ulp for softmax-sized arguments), too
@@ -80,7 +82,7 @@ from kiln.codegen.cuda_host import (
     syncthreads,
 )
 from kiln.codegen.cuda_mma import MMA_PRELUDE, MmaRun, calls
-from kiln.codegen.cuda_types import C_TYPES
+from kiln.codegen.cuda_types import C_TYPES, NARROW
 from kiln.codegen.cuda_types import float_literal as _float_literal
 from kiln.codegen.cuda_types import int_literal as _int_literal
 from kiln.codegen.cuda_vector import ASYNC_PRELUDE, INT32_MAX, emit_vectorized, with_async_waits
@@ -491,11 +493,12 @@ class _KernelWriter:
     def _binary(self, e: BinaryOp) -> str:
         dt = e.a.dtype
         cuda_types.ctype(dt)
-        if dt == "float16":  # computed in float32, rounded once (see the module docstring)
-            self.uses_half = True
-            x, y = f"__half2float({self.expr(e.a)})", f"__half2float({self.expr(e.b)})"
+        if dt in NARROW:  # computed in float32, rounded once (see the module docstring)
+            self.uses_half |= dt == "float16"
+            wide, narrow, _ = NARROW[dt]
+            x, y = f"{wide}({self.expr(e.a)})", f"{wide}({self.expr(e.b)})"
             out = self._float_binary(e, x, y, "float32")
-            return out if type(e) in (EQ, NE, LT, LE, GT, GE, And, Or) else f"__float2half({cuda_types.bare(out)})"
+            return out if type(e) in (EQ, NE, LT, LE, GT, GE, And, Or) else f"{narrow}({cuda_types.bare(out)})"
         x, y = self.expr(e.a), self.expr(e.b)
         if is_float(dt):
             return self._float_binary(e, x, y, dt)
@@ -549,14 +552,15 @@ class _KernelWriter:
             return v
         t = cuda_types.ctype(dst)
         cuda_types.ctype(src)
-        if src == "float16":
-            self.uses_half = True
-            return self._cast(f"__half2float({v})", "float32", dst)
-        if dst == "float16":
-            self.uses_half = True
+        if src in NARROW:
+            self.uses_half |= src == "float16"
+            return self._cast(f"{NARROW[src][0]}({v})", "float32", dst)
+        if dst in NARROW:
+            self.uses_half |= dst == "float16"
+            _, narrow, from_double = NARROW[dst]
             if src == "float64":
-                return f"__double2half({v})"
-            return f"__float2half({v if src == 'float32' else f'(float)({v})'})"
+                return f"{from_double}({v})"
+            return f"{narrow}({v if src == 'float32' else f'(float)({v})'})"
         if dst == "bool":
             return f"({v} != {'0.0f' if src == 'float32' else '0.0' if src == 'float64' else '0'})"
         if is_float(src) and dst in cuda_types.INT_RANGE:
@@ -585,10 +589,9 @@ class _KernelWriter:
             if e.name in ("floor", "ceil", "round"):
                 return x
             raise CodegenError(f"intrinsic {e.name} of integer type {dt}: cast to a float type first")
-        half = dt == "float16"
-        if half:
-            self.uses_half = True
-        texts = [f"__half2float({self.expr(a)})" if half else self.expr(a) for a in args]
+        half = dt in NARROW
+        self.uses_half |= dt == "float16"
+        texts = [f"{NARROW[dt][0]}({self.expr(a)})" if half else self.expr(a) for a in args]
         single = dt != "float64"
         if e.name == "isnan":
             return f"isnan({texts[0]})"
@@ -601,7 +604,7 @@ class _KernelWriter:
             out = f"{fn}({', '.join(texts)})"
         else:
             raise CodegenError(f"the cuda back end has no intrinsic {e.name!r}")
-        return f"__float2half({out})" if half else out
+        return f"{NARROW[dt][1]}({out})" if half else out
 
 
 def _const_size(func: str, buf: Buffer) -> int:
@@ -661,6 +664,8 @@ class CodeGenCUDA:
                 "template <> __device__ __forceinline__ __half kiln_max<__half>(__half a, __half b) {\n"
                 "  return __float2half(kiln_max<float>(__half2float(a), __half2float(b)));\n}\n"
             )
+        if any("kiln_bf16" in text for text in texts):
+            header.append(cuda_types.BF16_PRELUDE)
         if any(calls(body, MMA) for body in bodies):
             header.append(MMA_PRELUDE)
         texts = [with_async_waits(t) for t in texts]

@@ -41,6 +41,7 @@ _SLOT_BYTES = 8  # one scratch slot per warp holds any shuffled type (double, lo
 # dtype -> (C type it is shuffled as, to that type, back); others are shuffled as themselves
 _SHUFFLED: dict[str, tuple[str, str, str]] = {
     "float16": ("float", "__half2float({})", "__float2half({})"),
+    "bfloat16": ("float", "kiln_bf16_to_float({})", "kiln_float_to_bf16({})"),
     "bool": ("int", "(int)({})", "({} != 0)"),
     "int8": ("int", "(int)({})", "(signed char)({})"),
     "int16": ("int", "(int)({})", "(short)({})"),

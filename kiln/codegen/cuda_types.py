@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln.codegen.jit import CodegenError
+from kiln.ir.dtype import DataType
 
 C_TYPES: dict[str, str] = {
     "bool": "bool",
@@ -25,6 +26,7 @@ C_TYPES: dict[str, str] = {
     "uint32": "unsigned int",
     "uint64": "unsigned long long",
     "float16": "__half",
+    "bfloat16": "kiln_bf16",
     "float32": "float",
     "float64": "double",
 }
@@ -46,8 +48,38 @@ def ctype(dtype: str) -> str:
                            f"supported: {', '.join(C_TYPES)}") from None
 
 
+# float16 and bfloat16 are storage types: their values are computed in float32 (float16 -> (to float32,
+# from float32, from float64)). bfloat16 is kiln's own (BF16_PRELUDE), which needs no header.
+NARROW: dict[str, tuple[str, str, str]] = {
+    "float16": ("__half2float", "__float2half", "__double2half"),
+    "bfloat16": ("kiln_bf16_to_float", "kiln_float_to_bf16", "kiln_double_to_bf16"),
+}
+
+# bfloat16 is float32's top half: widening is a shift, and narrowing rounds to nearest even in integer
+# arithmetic (a NaN stays a quiet NaN), as the llvm back end and ml_dtypes round; float64 goes
+# through float32, as ml_dtypes converts it.
+BF16_PRELUDE = r"""struct __align__(2) kiln_bf16 { unsigned short x; };
+__device__ __forceinline__ float kiln_bf16_to_float(kiln_bf16 h) { return __uint_as_float((unsigned)h.x << 16); }
+__device__ __forceinline__ kiln_bf16 kiln_bits_bf16(unsigned short x) { kiln_bf16 h; h.x = x; return h; }
+__device__ __forceinline__ kiln_bf16 kiln_float_to_bf16(float f) {
+  unsigned u = __float_as_uint(f);
+  return kiln_bits_bf16((unsigned short)(f != f ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
+}
+__device__ __forceinline__ kiln_bf16 kiln_double_to_bf16(double d) { return kiln_float_to_bf16((float)d); }
+template <> __device__ __forceinline__ kiln_bf16 kiln_min<kiln_bf16>(kiln_bf16 a, kiln_bf16 b) {
+  return kiln_float_to_bf16(kiln_min<float>(kiln_bf16_to_float(a), kiln_bf16_to_float(b)));
+}
+template <> __device__ __forceinline__ kiln_bf16 kiln_max<kiln_bf16>(kiln_bf16 a, kiln_bf16 b) {
+  return kiln_float_to_bf16(kiln_max<float>(kiln_bf16_to_float(a), kiln_bf16_to_float(b)));
+}
+"""
+
+
 def float_literal(value: float, dtype: str) -> str:
-    """The C text of float constant `value` of `dtype` (float16: a `__half`)."""
+    """The C text of float constant `value` of `dtype` (float16: a `__half`; bfloat16: its bits)."""
+    if dtype == "bfloat16":
+        word = int(np.asarray(DataType.of(dtype).numpy().type(value)).view(np.uint16))
+        return f"kiln_bits_bf16(0x{word:04x})"
     if dtype == "float16" and value == value:  # rounded once, here: via float32 it would round twice
         with np.errstate(over="ignore"):  # (1 + 2**-11 + 2**-40 would be 1.0, not 1 + 2**-10)
             value = float(np.float16(value))

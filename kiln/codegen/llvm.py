@@ -50,6 +50,7 @@ import numpy as np
 from kiln.codegen import llvm_int, llvm_lanes, llvm_math, llvm_process, llvm_x86
 from kiln.codegen.jit import CodegenError
 from kiln.ir import graph
+from kiln.ir.dtype import DataType
 from kiln.runtime import linker, pool
 from kiln.runtime.module import STATUS_OK, STATUS_OUT_OF_MEMORY, dim_text, on_heap
 from kiln.target import Target
@@ -103,12 +104,14 @@ PTR = ir.PointerType()
 
 F16 = ir.HalfType()
 
-# dtype -> (register type, memory type, bits in memory). float16 is a storage type: its values
-# are float registers, widened on load and rounded to half precision on store and on casts. In
-# memory it is i16, converted by kiln's own code (llvm_math), or by F16C's instructions where
-# the target has them: LLVM's `half` conversions would call runtime functions no library defines.
+# dtype -> (register type, memory type, bits in memory). float16 and bfloat16 are storage types:
+# their values are float registers, widened on load and rounded to their precision on store and on
+# casts. In memory they are i16, converted by kiln's own code (llvm_math), or for float16 by F16C's
+# instructions where the target has them: LLVM's `half` and `bfloat` conversions would call
+# runtime functions no library defines.
 _TYPES: dict[str, tuple[ir.Type, ir.Type, int]] = {
     "float16": (llvm_math.F32, llvm_math.I16, 16),
+    "bfloat16": (llvm_math.F32, llvm_math.I16, 16),
     "float32": (llvm_math.F32, llvm_math.F32, 32),
     "float64": (llvm_math.F64, llvm_math.F64, 64),
     "int8": (I8, I8, 8),
@@ -274,8 +277,8 @@ class CodeGenLLVM:
             value = self.expr(s.value)
             if s.buffer.dtype == "bool":
                 value = b.zext(value, I8)
-            elif s.buffer.dtype == "float16":
-                value = self._half_bits(value)
+            elif s.buffer.dtype in NARROW_FLOATS:
+                value = self._narrow_bits(value, s.buffer.dtype)
             ptr = self._address(s.buffer, s.indices[0])
             b.store(value, ptr, align=_TYPES[s.buffer.dtype][2] // 8)
         elif isinstance(s, For):
@@ -552,9 +555,9 @@ class CodeGenLLVM:
             bits = int(e.value) & ((1 << width) - 1)
             return ir.Constant(_reg(e.dtype), bits - (1 << width) if width > 1 and bits >> (width - 1) else bits)
         if isinstance(e, FloatImm):
-            if e.dtype == "float16":  # a float16 constant holds a float16 value, like numpy's
+            if e.dtype in NARROW_FLOATS:  # a float16 constant holds a float16 value, like numpy's
                 with np.errstate(over="ignore"):
-                    return ir.Constant(llvm_math.F32, float(np.float16(e.value)))
+                    return ir.Constant(llvm_math.F32, float(DataType.of(e.dtype).numpy().type(e.value)))
             return ir.Constant(_reg(e.dtype), e.value)
         if isinstance(e, Var):
             v = self.f.vars.get(id(e))
@@ -564,8 +567,8 @@ class CodeGenLLVM:
         if isinstance(e, BufferLoad):
             ptr = self._address(e.buffer, e.indices[0])
             v = b.load(ptr, typ=_mem(e.dtype), align=_TYPES[e.dtype][2] // 8)
-            if e.dtype == "float16":
-                return self._half_to_float(v)
+            if e.dtype in NARROW_FLOATS:
+                return self._narrow_to_float(v, e.dtype)
             return b.icmp_unsigned("!=", v, I8(0)) if e.dtype == "bool" else v
         if isinstance(e, BinaryOp):
             return self._binary(e)
@@ -640,9 +643,8 @@ class CodeGenLLVM:
             return out
         args = [self.expr(a) for a in e.args]
         if is_float(dt):
-            if dt not in ("float16", "float32", "float64"):
-                raise CodegenError(f"intrinsic {e.name} on {dt}: the llvm back end computes float32/float64")
-            # float16 is in float32 registers: float32 math
+            # float16 and bfloat16 are in float32 registers: float32 math
+
             return llvm_math.emit_float_call(b, e.name, args, scalef=self.avx512)
         if e.name == llvm_x86.DOT4:
             return llvm_x86.dot4(b, *args)
@@ -667,12 +669,25 @@ class CodeGenLLVM:
             return b.bitcast(b.fptrunc(v, F16), llvm_math.I16)
         return llvm_math.float_to_half_bits(b, v)
 
+    def _narrow_bits(self, v: ir.Value, dtype: str) -> ir.Value:
+        """The float16 or bfloat16 bits (i16) of float32/float64 `v`, rounded to nearest even."""
+        if dtype == "bfloat16":
+            return llvm_math.float_to_bfloat16_bits(self.f.builder, v)
+        return self._half_bits(v)
+
+    def _narrow_to_float(self, h: ir.Value, dtype: str) -> ir.Value:
+        """The float32 value of float16 or bfloat16 bits `h` (exact)."""
+        if dtype == "bfloat16":
+            return llvm_math.bfloat16_bits_to_float(self.f.builder, h)
+        return self._half_to_float(h)
+
     def _reinterpret(self, v: ir.Value, src: str, dst: str) -> ir.Value:
-        """The bits of `v` (a `src` register) read as `dst`; float16 is a float register around its i16 bits."""
-        if src == "float16":
-            return self._half_bits(v)  # the int16/uint16 register is those bits
-        if dst == "float16":
-            return self._half_to_float(v)
+        """The bits of `v` (a `src` register) read as `dst`; float16 and bfloat16 are float registers
+        around their i16 bits."""
+        if src in NARROW_FLOATS:
+            return self._narrow_bits(v, src)  # the int16/uint16 register is those bits
+        if dst in NARROW_FLOATS:
+            return self._narrow_to_float(v, dst)
         return self.f.builder.bitcast(v, _reg(dst))
 
     def _half_to_float(self, h: ir.Value) -> ir.Value:
@@ -706,13 +721,13 @@ class CodeGenLLVM:
         b = self.f.builder
         if src == dst:
             return v
-        if dst == "float16":  # round to half precision, held in a float register
+        if dst in NARROW_FLOATS:  # round to half (bfloat16) precision, held in a float register
             if not is_float(src):
-                # Exact below 2**24; from there on float32 and float16 both overflow to inf,
-                # so rounding through float32 is rounding once.
+                # float16: exact below 2**24; from there on float32 and float16 both overflow to inf,
+                # so rounding through float32 is rounding once. bfloat16: through float32, as ml_dtypes.
                 v = b.uitofp(v, llvm_math.F32) if src == "bool" or not _signed(src) else b.sitofp(v, llvm_math.F32)
-            return self._half_to_float(self._half_bits(v))
-        if src == "float16":
+            return self._narrow_to_float(self._narrow_bits(v, dst), dst)
+        if src in NARROW_FLOATS:
             src = "float32"
             if dst == src:
                 return v
@@ -733,6 +748,7 @@ class CodeGenLLVM:
         return b.sext(v, to) if _signed(src) else b.zext(v, to)
 
 
+NARROW_FLOATS = ("float16", "bfloat16")  # storage types computed in float32 registers
 _POW_BY_PRODUCT = (1.0, 2.0, 3.0, 4.0)  # exponents of pow emitted as multiplications (1 to 3 roundings)
 
 

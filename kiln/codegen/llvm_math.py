@@ -292,3 +292,25 @@ def half_bits_to_float(b: ir.IRBuilder, h: ir.Value) -> ir.Value:
     out = b.select(b.icmp_unsigned("==", exp, _ic(I32, 0)), denormal, normal)
     out = b.select(b.icmp_unsigned("==", exp, _ic(I32, 0x0F800000)), special, out)
     return b.bitcast(b.or_(out, sign), F32)
+
+
+def float_to_bfloat16_bits(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """The bfloat16 bits (i16) of float32 or float64 `v`, rounded to nearest even (float64 through
+    float32, as ml_dtypes rounds it); a NaN gives a quiet NaN of the same sign and top payload bits.
+
+    bfloat16 is float32's top half, so rounding is integer arithmetic: add just under half an ulp
+    plus the kept lowest bit, then drop the low 16 bits (overflow carries into the exponent: inf).
+    """
+    if v.type != F32:
+        v = b.fptrunc(v, F32)
+    bits = b.bitcast(v, I32)
+    lsb = b.and_(b.lshr(bits, _ic(I32, 16)), _ic(I32, 1))
+    rounded = b.lshr(b.add(b.add(bits, _ic(I32, 0x7FFF)), lsb), _ic(I32, 16))
+    quiet = b.or_(b.lshr(bits, _ic(I32, 16)), _ic(I32, 0x0040))
+    nan = b.fcmp_unordered("uno", v, v)
+    return b.trunc(b.select(nan, quiet, rounded), I16)
+
+
+def bfloat16_bits_to_float(b: ir.IRBuilder, h: ir.Value) -> ir.Value:
+    """The float32 value of bfloat16 bits `h` (i16): exact (its bits are float32's top half)."""
+    return b.bitcast(b.shl(b.zext(h, I32), _ic(I32, 16)), F32)

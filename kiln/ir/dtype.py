@@ -88,16 +88,21 @@ class DataType:
         return self.kind == "bool"
 
     def numpy(self) -> np.dtype[Any]:
-        """The numpy dtype; bfloat16 has none (numpy cannot hold it)."""
-        if self.name == "bfloat16":
-            raise DTypeError("bfloat16 has no numpy dtype; convert to float32 first")
-        return np.dtype(self.name)
+        """The numpy dtype; bfloat16's is ml_dtypes' (numpy has none of its own)."""
+        return np.dtype(_bfloat16() if self.name == "bfloat16" else self.name)
 
     def __str__(self) -> str:
         return self.name
 
     def __repr__(self) -> str:
         return f"DataType({self.name!r})"
+
+
+def _bfloat16() -> Any:
+    """ml_dtypes' bfloat16 scalar type (a kiln dependency; jax's and onnx's bfloat16 too)."""
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
 
 
 _CACHE = {name: DataType(name) for name in _TYPES}

@@ -297,6 +297,8 @@ class Library:
 
         def array(arr: np.ndarray) -> int:
             buf = io.BytesIO()
+            if arr.dtype == numpy_dtype("bfloat16"):
+                arr = arr.view(np.uint16)  # .npy has no bfloat16: its bits, read back as the slot's dtype
             np.save(buf, arr, allow_pickle=False)
             data = buf.getvalue()
             key = hashlib.sha256(data).digest()
@@ -367,7 +369,7 @@ def param_entries(func: PrimFunc) -> list[dict[str, Any]]:
 # -- loading: authenticate, then validate every header field before any code is linked ---------------
 
 DTYPES = frozenset(["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                    "float16", "float32", "float64"])
+                    "float16", "bfloat16", "float32", "float64"])
 _SLOT_KINDS = ("input", "const", "temp", "output")
 _GRAPH_KEYS = ("slots", "launches", "inputs", "outputs", "storage_sizes", "constants")
 _HEADER_KEYS = {"target", *_GRAPH_KEYS, "kernels", "blobs"}
@@ -595,6 +597,8 @@ def _graph(c: HeaderChecker, header: dict[str, Any], blobs: list[bytes], params:
             arr = np.load(io.BytesIO(blobs[c.index(b, len(blobs), f, "blob")]), allow_pickle=False)
         except Exception as e:  # numpy's .npy parser raises many kinds (ValueError, SyntaxError, TokenError...)
             raise c.fail(f, f"not a numpy array ({type(e).__name__}: {e})") from e
+        if slot.dtype == "bfloat16" and isinstance(arr, np.ndarray) and arr.dtype == np.uint16:
+            arr = arr.view(numpy_dtype("bfloat16"))
         if not isinstance(arr, np.ndarray) or arr.shape != slot.shape or arr.dtype != numpy_dtype(slot.dtype):
             raise c.fail(f, f"array {getattr(arr, 'dtype', '?')}{getattr(arr, 'shape', '')}, its slot is "
                             f"{slot.dtype}{slot.shape}")

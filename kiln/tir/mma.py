@@ -65,10 +65,10 @@ def _flat(buf: Buffer, indices: tuple[PrimExpr, ...]) -> PrimExpr:
 
 
 def _operand(e: PrimExpr) -> BufferLoad | None:
-    """The float16 load that `e` (a float32 operand of the product) converts, or None."""
+    """The float16 or bfloat16 load that `e` (a float32 operand of the product) converts, or None."""
     if isinstance(e, Cast) and e.dtype == "float32":
         e = e.value
-    return e if isinstance(e, BufferLoad) and e.dtype == "float16" else None
+    return e if isinstance(e, BufferLoad) and e.dtype in ("float16", "bfloat16") else None
 
 
 class _Tensorizer(StmtExprMutator):
@@ -120,8 +120,8 @@ class _Tensorizer(StmtExprMutator):
         if not (isinstance(prev, BufferLoad) and prev.buffer is acc and isinstance(prod, Mul)):
             raise self._fail(s, "its value must be acc + a * b")
         x, y = _operand(prod.a), _operand(prod.b)
-        if x is None or y is None:
-            raise self._fail(s, "its operands must be float16 loads (converted to float32)")
+        if x is None or y is None or x.dtype != y.dtype:
+            raise self._fail(s, "its operands must be float16 loads, or bfloat16 loads (converted to float32)")
         k = next(lp for lp in loops if _ext(lp) == 16).loop_var
         h, j = (lp.loop_var for lp in loops if lp.loop_var is not k)
         store = (acc, tuple(substitute(i, lets) for i in body.indices))

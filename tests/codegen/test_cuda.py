@@ -295,14 +295,13 @@ def test_tiled_matmul_has_two_barriers_per_tile_even_when_partitioned():
         ("too_many_threads", "2048 threads per block"),
         ("bad_tag", "loop t is bound to 'vthread'"),
         ("divergent_sync", "__syncthreads() under a condition or loop that differs between the threads"),
-        ("bfloat16", "does not support dtype 'bfloat16'"),
         ("shared_outside", "in 'shared' scope is allocated outside every kernel"),
     ],
 )
 def test_loop_ir_the_cuda_back_end_refuses(build_body, message):
     n = tir.Var("n")
     A = tir.buffer("A", (n,))
-    H = tir.buffer("H", (4,), "bfloat16")
+    H = tir.buffer("H", (4,), "float16")
     i, b, t, u = tir.Var("i"), tir.Var("b"), tir.Var("t"), tir.Var("u")
     store = tir.BufferStore(A, tir.const(1.0), (i,))
 
@@ -320,7 +319,6 @@ def test_loop_ir_the_cuda_back_end_refuses(build_body, message):
                                                       "threadIdx.y"), "threadIdx.x"),
         "bad_tag": lambda: bound(t, 4, tir.BufferStore(A, tir.const(1.0), (t,)), "vthread"),
         "divergent_sync": lambda: bound(t, 64, tir.IfThenElse(t < 5, cuda.syncthreads()), "threadIdx.x"),
-        "bfloat16": lambda: bound(t, 4, tir.BufferStore(H, tir.const(1.0, "bfloat16"), (t,)), "threadIdx.x"),
         "shared_outside": lambda: tir.Allocate(tir.buffer("S", (4,), scope="shared"),
                                                bound(t, 4, tir.BufferStore(A, tir.const(1.0), (t,)), "threadIdx.x")),
     }

@@ -12,6 +12,7 @@ import kiln
 from kiln import te, tir
 from kiln.codegen import jit
 from kiln.codegen.llvm import emit_llvm_ir
+from kiln.ir.dtype import DataType
 from kiln.runtime import linker, pool
 from kiln.runtime.module import KernelMemoryError
 from kiln.target import Target
@@ -433,11 +434,30 @@ def test_an_all_reduce_across_gpu_threads_on_llvm_is_an_error():
         kiln.build(tir.PrimFunc("red", [A], body))
 
 
-def test_unsupported_dtype_is_an_error():
-    A = tir.buffer("A", (4,), "bfloat16")
-    i = tir.Var("i")
-    with pytest.raises(jit.CodegenError, match="does not support dtype 'bfloat16'"):
-        kiln.build(tir.PrimFunc("half", [A], tir.for_range(i, 4, tir.BufferStore(A, A.load(i), (i,)))))
+@pytest.mark.parametrize("kind", [tir.ForKind.SERIAL, tir.ForKind.VECTORIZED])
+def test_bfloat16_converts_exactly_as_ml_dtypes_rounds(kind):
+    """bfloat16 is a storage type: every one of its values widens exactly, and float32 (random bit patterns,
+    ties, overflow, NaN) and float64 (through float32, as ml_dtypes does) round to nearest even as ml_dtypes."""
+    bf16 = DataType.of("bfloat16").numpy()
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(bf16)
+    out = np.zeros(every.shape, np.float32)
+    _cast_kernel("bfloat16", "float32", "llvm", kind)(every, out)
+    np.testing.assert_array_equal(out.view(np.uint32), every.astype(np.float32).view(np.uint32))
+    rng = np.random.default_rng(7)
+    # exact ties: odd integers in [256, 512) lie halfway between neighbouring bfloat16 values (8-bit significands)
+    ties = np.arange(257, 512, 2, dtype=np.float32) * np.exp2(rng.integers(-120, 120, 128)).astype(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.39e38, 3.4e38, 1e-40, 1 + 2**-8, 1 + 3 * 2**-8],
+                       np.float32)
+    for src, values in (("float32", np.concatenate([special, ties, -ties,
+                                                    rng.integers(0, 2**32, 20000, np.uint32).view(np.float32)])),
+                        ("float64", rng.standard_normal(5000) * np.exp2(rng.integers(-130, 130, 5000)))):
+        got = np.zeros(values.shape, bf16)
+        with np.errstate(over="ignore", invalid="ignore"):
+            _cast_kernel(src, "bfloat16", "llvm", kind)(values, got)
+            want = values.astype(bf16)
+        nan = np.isnan(want.astype(np.float32))
+        np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan], err_msg=src)
+        assert np.isnan(got.astype(np.float32)[nan]).all(), src
 
 
 def test_function_attributes_and_loop_metadata_in_ir():

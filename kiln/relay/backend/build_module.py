@@ -474,7 +474,7 @@ def library_key(mod: IRModule | rx.Function, params: Mapping[str, Any] | None, t
     arrays += [(name, np.asarray(given[name])) for name in sorted(given)]
     for name, arr in arrays:
         h.update(f"{name} {arr.dtype.str} {arr.shape}".encode())
-        h.update(np.ascontiguousarray(arr).data)
+        h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
     return h.hexdigest()
 
 

@@ -21,9 +21,15 @@ T = TypeVar("T")
 def accumulator(dtype: str) -> str:
     """The dtype a sum of `dtype` values accumulates in: float32 for narrower floats (float16 steps of
     0.25 at 300 lose every addend under 0.125), int64 for integers, the dtype itself otherwise."""
-    if np.issubdtype(np.dtype(dtype), np.floating):
-        return "float32" if np.dtype(dtype).itemsize < 4 else dtype
+    if tx.is_float(dtype):
+        return "float32" if dtype in ("float16", "bfloat16") else dtype
     return "int64"
+
+
+def wide(x: Any) -> Any:
+    """`x` in float32 where it is float16 or bfloat16 (ml_dtypes'), else `x`: a numpy reference computes
+    narrow floats in float32, as their computes do, rounding once at the end."""
+    return x.astype(np.float32) if x.dtype.itemsize == 2 and x.dtype.kind in "fV" else x
 
 
 TILED_DTYPES = ("float32", "float64")  # the dtypes of the register-tiled llvm products and convolutions

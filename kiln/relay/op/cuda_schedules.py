@@ -286,8 +286,9 @@ def _schedule_grouped_conv2d(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.T
         _stage_panel(sch, window.pad, local, rco, (3, 0, 1, 2), order=(1, 2, 3, 0))
 
 
-# --- tensor cores: float16 products through mma.sync ------------------------------------------------------
+# --- tensor cores: float16 and bfloat16 products through mma.sync ---------------------------------------
 
+TENSORCORE_DTYPES = ("float16", "bfloat16")  # the operand dtypes of mma.sync.m16n8k16 with float32 sums
 TENSORCORE = "kiln.tensorcore"  # ComputeOp attr of a product's fragment stage: its `Tiles`
 _WARP_M, _WARP_N = 64, 64  # a warp's tile: 4 x 8 tiles of 16 x 8, 128 float32 accumulators per thread
 Tiles = tuple[int, int, int, int]  # (bm, bn) of a block, (wm, wn) of a warp
@@ -317,7 +318,8 @@ def _panel_step(k: int, bm: int, bn: int, target: Any) -> int:
 
 
 def _operands(op: te.ComputeOp) -> tuple[PrimExpr, PrimExpr] | None:
-    """The two factors of a product `sum(a * b)` whose inputs are float16, each without its conversion."""
+    """The two factors of a product `sum(a * b)` whose inputs are both float16 or both bfloat16, each
+    without its conversion."""
     body = op.body
     if not isinstance(body, Reduce) or body.combiner.name != "sum" or not _true(body.condition):
         return None
@@ -325,7 +327,8 @@ def _operands(op: te.ComputeOp) -> tuple[PrimExpr, PrimExpr] | None:
     if not isinstance(src, Mul):
         return None
     factors = [f.value if isinstance(f, Cast) else f for f in (src.a, src.b)]
-    if not all(isinstance(f, BufferLoad) and f.dtype == "float16" for f in factors):
+    if not all(isinstance(f, BufferLoad) for f in factors) or factors[0].dtype != factors[1].dtype \
+            or factors[0].dtype not in TENSORCORE_DTYPES:
         return None
     return factors[0], factors[1]
 
@@ -391,7 +394,7 @@ def _fragment_stage(p: te.Tensor) -> te.Tensor | None:
 
 def schedule_tensorcore(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
                         target: Any) -> None:
-    """A float16 product on tensor cores (`tensorcore`'s stages), else the tiled schedule.
+    """A float16 or bfloat16 product on tensor cores (`tensorcore`'s stages), else the tiled schedule.
 
     Each block computes a bm x bn tile of the output with (bm / 64) x (bn / 64) warps;
     each warp a 64 x 64 tile, as 4 x 8 `mma.sync.m16n8k16` tiles whose float32

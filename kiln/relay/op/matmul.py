@@ -26,7 +26,17 @@ from kiln.ir.types import Dim, TensorType, Type, dim_mul
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op import cuda_schedules
-from kiln.relay.op._nn_util import TILED_DTYPES, Array, DimExpr, differ, dtype_of, packable_weight, shape_dims, te_dims
+from kiln.relay.op._nn_util import (
+    TILED_DTYPES,
+    Array,
+    DimExpr,
+    differ,
+    dtype_of,
+    packable_weight,
+    shape_dims,
+    te_dims,
+    wide,
+)
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, broadcast_dim, broadcast_shapes, same_dtype, tensor_args
 from kiln.relay.op._schedule import (
@@ -125,7 +135,7 @@ def unpack_weight(w: Array, block: int) -> Array:
 def _dense_ref(attrs: DenseAttrs, x: Array, w: Array) -> Array:
     dtype = attrs.out_dtype.numpy() if attrs.out_dtype else x.dtype
     w = unpack_weight(w, attrs.weight_block)
-    return np.asarray(np.matmul(x.astype(dtype), w.astype(dtype).T))
+    return np.asarray(np.matmul(wide(x.astype(dtype)), wide(w.astype(dtype)).T)).astype(dtype)
 
 
 def _dense_compute(attrs: DenseAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
@@ -201,7 +211,7 @@ def _matmul_ref(attrs: MatmulAttrs | BatchMatmulAttrs, a: Array, b: Array) -> Ar
     dtype = attrs.out_dtype.numpy() if attrs.out_dtype else a.dtype
     a = np.swapaxes(a, -1, -2) if attrs.transpose_a else a
     b = np.swapaxes(b, -1, -2) if attrs.transpose_b else b
-    return np.asarray(np.matmul(a.astype(dtype), b.astype(dtype)))
+    return np.asarray(np.matmul(wide(a.astype(dtype)), wide(b.astype(dtype)))).astype(dtype)
 
 
 def _batch_index(batch: Sequence[PrimExpr], shape: Sequence[DimExpr], out: Sequence[DimExpr]) -> tuple[PrimExpr, ...]:
@@ -578,7 +588,7 @@ def _dense_alter_llvm(attrs: DenseAttrs, args: list[Expr], arg_types: list[Type]
                         dtypes=TILED_DTYPES, priority=10)
     .add_implementation("tiled", _dense_compute, cuda_schedules.schedule_product, target="cuda", priority=10)
     .add_implementation("tensorcore", cuda_schedules.tensorcore(_dense_compute), cuda_schedules.schedule_tensorcore,
-                        target="cuda", dtypes=("float16",), priority=20))
+                        target="cuda", dtypes=cuda_schedules.TENSORCORE_DTYPES, priority=20))
 
 
 @constructor("nn.dense")
@@ -614,7 +624,7 @@ def dense(data: Expr, weight: Expr, units: int | None = None, out_dtype: Any = N
                         dtypes=TILED_DTYPES, priority=10)
     .add_implementation("tiled", _matmul_compute, cuda_schedules.schedule_product, target="cuda", priority=10)
     .add_implementation("tensorcore", cuda_schedules.tensorcore(_matmul_compute), cuda_schedules.schedule_tensorcore,
-                        target="cuda", dtypes=("float16",), priority=20))
+                        target="cuda", dtypes=cuda_schedules.TENSORCORE_DTYPES, priority=20))
 
 
 @constructor("nn.matmul")
@@ -652,7 +662,7 @@ def matmul(
                         dtypes=TILED_DTYPES, priority=10)
     .add_implementation("tiled", _matmul_compute, cuda_schedules.schedule_product, target="cuda", priority=10)
     .add_implementation("tensorcore", cuda_schedules.tensorcore(_matmul_compute), cuda_schedules.schedule_tensorcore,
-                        target="cuda", dtypes=("float16",), priority=20))
+                        target="cuda", dtypes=cuda_schedules.TENSORCORE_DTYPES, priority=20))
 
 
 @constructor("nn.batch_matmul")

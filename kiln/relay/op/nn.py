@@ -477,9 +477,9 @@ for _name, _doc, _ref, _log, _grad in [
         .set_attr(attr.FCompute, _softmax_compute(_log))
         .set_attr(attr.FPrimalGradient, _grad)
         .add_implementation("rows", _softmax_rows_compute(_log), schedule_rows, target="llvm",
-                            dtypes=("float16", "float32", "float64"), priority=10)
+                            dtypes=("float16", "bfloat16", "float32", "float64"), priority=10)
         .add_implementation("rows", _softmax_cuda_compute(_log), schedule_rows_cuda, target="cuda",
-                            dtypes=("float16", "float32", "float64"), priority=10))
+                            dtypes=("float16", "bfloat16", "float32", "float64"), priority=10))
 
 
 @constructor("nn.softmax")

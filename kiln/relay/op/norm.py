@@ -31,6 +31,7 @@ from kiln.relay.op._nn_util import (
     shape_dims,
     static_shape,
     tuple_type,
+    wide,
     without,
 )
 from kiln.relay.op._reg import constructor
@@ -182,7 +183,8 @@ def _layer_norm_rel(arg_types: list[Type], attrs: LayerNormAttrs) -> Type | None
 
 
 def _layer_norm_ref(attrs: LayerNormAttrs, x: Array, gamma: Array, beta: Array) -> Array:
-    axis, nd = attrs.axis % x.ndim, x.ndim
+    axis, nd, dtype = attrs.axis % x.ndim, x.ndim, x.dtype
+    x, gamma, beta = wide(x), wide(gamma), wide(beta)
     mean = np.mean(x, axis=axis, keepdims=True)
     var = np.mean((x - mean) ** 2, axis=axis, keepdims=True)
     out = (x - mean) / np.sqrt(var + attrs.epsilon)
@@ -190,7 +192,7 @@ def _layer_norm_ref(attrs: LayerNormAttrs, x: Array, gamma: Array, beta: Array) 
         out = out * along(gamma, axis, nd)
     if attrs.center:
         out = out + along(beta, axis, nd)
-    return np.asarray(out).astype(x.dtype)
+    return np.asarray(out).astype(dtype)
 
 
 def _layer_norm_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
@@ -326,9 +328,9 @@ def _layer_norm_cuda_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out
     .set_attr(attr.FCompute, _layer_norm_compute)
     .set_attr(attr.FPrimalGradient, layer_norm_grad)
     .add_implementation("rows", _layer_norm_rows_compute, schedule_rows, target="llvm",
-                        dtypes=("float16", "float32", "float64"), priority=10)
+                        dtypes=("float16", "bfloat16", "float32", "float64"), priority=10)
     .add_implementation("rows", _layer_norm_cuda_compute, schedule_rows_cuda, target="cuda",
-                        dtypes=("float16", "float32", "float64"), priority=10))
+                        dtypes=("float16", "bfloat16", "float32", "float64"), priority=10))
 
 
 @constructor("nn.layer_norm")

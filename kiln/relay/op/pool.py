@@ -154,7 +154,7 @@ def _avg_pool2d_ref(attrs: AvgPool2DAttrs, data: Array) -> Array:
 
 def _lowest(dtype: str) -> PrimExpr:
     """The identity of max in `dtype`: what padded taps read, so that they never win."""
-    if np.issubdtype(np.dtype(dtype), np.floating):
+    if tx.is_float(dtype):
         return te.const(float("-inf"), dtype)
     return te.const(int(np.iinfo(np.dtype(dtype)).min), dtype)
 
@@ -229,7 +229,7 @@ def _max_of_taps(taps: list[PrimExpr]) -> PrimExpr:
     compare per pair of taps, and a single select of NaN at the end.
     """
     most = _tree(taps, _greater)
-    if not np.issubdtype(np.dtype(taps[0].dtype), np.floating):
+    if not tx.is_float(taps[0].dtype):
         return most
     pairs = [_unordered(*taps[i:i + 2]) if i + 1 < len(taps) else _unordered(taps[i], taps[i])
              for i in range(0, len(taps), 2)]
@@ -486,7 +486,7 @@ def _max_pool2d_argmax_compute(attrs: MaxPool2DArgmaxAttrs, inputs: list[te.Tens
                        "max_pool2d_argmax_best")
     _, channels, height, width = batch_shape(data)
     (kh, kw) = attrs.pool_size
-    floating = np.issubdtype(np.dtype(data.dtype), np.floating)
+    floating = tx.is_float(data.dtype)
 
     def body(n: PrimExpr, c: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
         plane = te.cast(n * channels + c, "int64")

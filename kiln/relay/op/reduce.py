@@ -258,7 +258,8 @@ def _schedule_two_stage(
 def _reduce_reference(fn: Callable[..., Any]) -> Callable[[ReduceAttrs, Array], Array]:
     def reference(attrs: ReduceAttrs, x: Array) -> Array:
         axes = tuple(reduce_axes(x.ndim, attrs.axis, attrs.exclude))
-        out = fn(x, axis=axes, keepdims=attrs.keepdims)
+        narrow = x.dtype.itemsize == 2 and x.dtype.kind in "fV"  # float16, bfloat16: in float32, as the compute
+        out = fn(x.astype(np.float32) if narrow else x, axis=axes, keepdims=attrs.keepdims)
         # mean of ints truncates toward zero, as TVM's integer division of the sum
         return np.asarray(out).astype(x.dtype, copy=False)
 

@@ -2,7 +2,7 @@
 
 `CASES` holds at least one representative call of every op that has an
 `FCompute` (an op added without a case fails
-`test_every_op_with_a_compute_has_a_case`), a few of them in float16 too.
+`test_every_op_with_a_compute_has_a_case`), a few of them in float16 and bfloat16 too.
 Without a GPU (CI):
 - every case is lowered as relay.build lowers it (`compile_primitive`) and
   compiled to CUBIN for sm_80 and for sm_90;
@@ -32,6 +32,7 @@ from op_helpers import assert_outputs_match, compile_op, reference_outputs, run_
 from kiln import relay
 from kiln.registry import Op, attr
 from kiln.runtime.cuda_module import GRID_LIMITS, CudaModule, eval_int
+from kiln.runtime.module import numpy_dtype
 from kiln.testing import models
 
 ARCHS = ("sm_80", "sm_90")
@@ -68,6 +69,11 @@ def f16(*shape: int) -> np.ndarray:
     return f32(*shape, dtype="float16")
 
 
+def bf16(*shape: int) -> np.ndarray:
+    """Standard-normal values, rounded to bfloat16 (ml_dtypes')."""
+    return f32(*shape).astype(numpy_dtype("bfloat16"))
+
+
 def positive(*shape: int) -> np.ndarray:
     """Values in [0.1, 3): logarithms, roots, bases of powers, variances."""
     return _RNG.uniform(0.1, 3.0, shape).astype("float32")
@@ -102,6 +108,7 @@ def scalar(value: float, dtype: str = "float32") -> np.ndarray:
 
 HALF = {"rtol": 2e-3, "atol": 2e-3, "label": "float16"}
 HALF_SUMS = {"rtol": 1e-2, "atol": 1e-2, "label": "float16"}  # float16 sums round at every step
+BF16 = {"rtol": 1e-2, "atol": 1e-2, "label": "bfloat16"}  # a bfloat16 ulp is 2**-8 of the value
 SUMS = {"rtol": 1e-5, "atol": 1e-5}  # float32 sums in another order than numpy's (and, on a GPU, with FMA)
 
 CASES: list[Case] = [
@@ -172,11 +179,15 @@ CASES: list[Case] = [
     Case("nn.dense", (f32(2, 37, 40), f32(45, 40)), **SUMS, label="tiles"),
     Case("nn.matmul", (f32(2, 1, 21, 19), f32(3, 21, 23)), {"transpose_a": True}, **SUMS, label="tiles"),
     Case("nn.batch_matmul", (f32(3, 35, 17), f32(1, 17, 33)), {"transpose_b": False}, **SUMS, label="tiles"),
-    # tensor cores: float16 products through mma.sync (m and n multiples of 64, k of 16), float32 sums
+    # tensor cores: float16 and bfloat16 products through mma.sync (m and n multiples of 64, k of 16), float32 sums
     Case("nn.dense", (f16(2, 64, 48), f16(64, 48)), rtol=2e-3, atol=2e-3, label="tensorcore"),
     Case("nn.matmul", (f16(2, 32, 64), f16(32, 128)), {"transpose_a": True}, rtol=2e-3, atol=2e-3,
          label="tensorcore"),
     Case("nn.batch_matmul", (f16(2, 64, 32), f16(2, 64, 32)), rtol=2e-3, atol=2e-3, label="tensorcore"),
+    Case("nn.dense", (bf16(64, 32), bf16(128, 32)), {"out_dtype": "float32"}, rtol=1e-4, atol=1e-4,
+         label="tensorcore-bfloat16"),  # exact products of bfloat16 values, float32 sums
+    Case("nn.batch_matmul", (bf16(2, 64, 48), bf16(2, 48, 64)), {"transpose_b": False},
+         rtol=1e-2, atol=1e-2, label="tensorcore-bfloat16-out"),
     # convolutions and pooling
     Case("nn.conv2d", (f32(1, 3, 6, 6), f32(4, 3, 3, 3)), {"padding": 1}, rtol=1e-4, atol=1e-5),
     # the tiled convolution: channel and pixel tails, strides, a channel step with a tail, and a 1x1
@@ -212,6 +223,16 @@ CASES: list[Case] = [
     Case("sigmoid", (f16(2, 5),), **HALF),
     Case("nn.relu", (f16(2, 5),), **HALF),
     Case("cast", (f32(3, 4),), {"dtype": "float16"}, **HALF),
+    Case("cast", (np.concatenate([f32(30), np.array([np.inf, -np.inf, 3.4e38, 1e-40, -0.0, 1 + 2**-8, 1 + 3 * 2**-8,
+                                                     np.nan], "float32")]),), {"dtype": "bfloat16"},
+         rtol=0, atol=0, label="bfloat16"),  # exactly ml_dtypes' rounding: ties to even, overflow, NaN
+    Case("cast", (bf16(3, 4),), {"dtype": "float32"}, rtol=0, atol=0, label="from-bfloat16"),
+    Case("add", (bf16(2, 3), bf16(3)), **BF16),
+    Case("exp", (bf16(2, 5),), **BF16),
+    Case("sum", (bf16(3, 40),), {"axis": 1}, **BF16),
+    Case("max", (bf16(4, 40),), {"axis": -1}, **BF16),
+    Case("nn.softmax", (bf16(3, 7),), {"axis": -1}, **BF16),
+    Case("nn.layer_norm", (bf16(2, 64), bf16(64), bf16(64)), **BF16),
     Case("sum", (f16(3, 5),), {"axis": 1}, **HALF_SUMS),
     Case("max", (f16(3, 5),), {"axis": 0}, **HALF),
     Case("nn.softmax", (f16(3, 7),), {"axis": -1}, **HALF_SUMS),
@@ -365,7 +386,10 @@ HOST_RUN = [
     "nn.conv2d-nhwc-depthwise",
     "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d",  # pooling
     "image.resize", "image.resize-cubic", "nn.pad-wrap",  # image, and pads wider than the axis
-    "add-float16", "exp-float16", "sum-float16", "nn.dense-int8", "image.resize-float16",  # other dtypes
+    "add-float16", "exp-float16", "sum-float16", "cast-bfloat16", "cast-from-bfloat16", "add-bfloat16",
+    "exp-bfloat16", "sum-bfloat16", "max-bfloat16", "nn.softmax-bfloat16", "nn.layer_norm-bfloat16",
+    "nn.dense-tensorcore-bfloat16", "nn.batch_matmul-tensorcore-bfloat16-out",
+    "nn.dense-int8", "image.resize-float16",  # other dtypes
     "prod", "nn.softmax-float16", *(c.id for c in ROW_CASES),  # rows over threads
     # ONNX breadth: the scans, a scatter, topk, an integer product, sampling and pooling with indices
     "cumsum", "cumprod", "scatter_nd", "topk", "qnn.matmul_integer", "qnn.matmul_vnni", "image.grid_sample",
