@@ -26,6 +26,20 @@ def accumulator(dtype: str) -> str:
     return "int64"
 
 
+def product_sum_dtype(dtype: str) -> str:
+    """The dtype a product or convolution of `dtype` outputs sums in: float32 for float16 and bfloat16 (as
+    torch and cuBLAS sum them; summed in their own precision, K terms lose about log2(K) bits), else `dtype`."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+def narrowed(total: te.Tensor, dtype: str, name: str) -> te.Tensor:
+    """`total` (a sum in `product_sum_dtype(dtype)`) as `dtype`: itself where they agree, else one conversion
+    per element (a stage the cuda schedules look through: `_schedule.summed`)."""
+    if total.dtype == dtype:
+        return total
+    return te.compute(total.shape, lambda *i: te.cast(total[i], dtype), name=name)
+
+
 def wide(x: Any) -> Any:
     """`x` in float32 where it is float16 or bfloat16 (ml_dtypes'), else `x`: a numpy reference computes
     narrow floats in float32, as their computes do, rounding once at the end."""

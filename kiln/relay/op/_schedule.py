@@ -26,6 +26,7 @@ from kiln.ir.dtype import DataType
 from kiln.registry import OpPattern
 from kiln.relay.op._nn_util import same_dims
 from kiln.target import FDefaultSchedule, Target, register_target_kind
+from kiln.tir.expr import BufferLoad, Cast
 
 _VECTOR_BYTES = 64  # one zmm register; LLVM narrows it on hosts without AVX-512
 KEEP = "kiln.keep"  # ComputeOp attr: a compute's internal stage that its schedule places; lowering leaves it
@@ -265,6 +266,31 @@ def schedule_cuda(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequ
 
 register_target_kind("llvm").set_attr(FDefaultSchedule, default_schedule)
 register_target_kind("cuda").set_attr(FDefaultSchedule, lambda pattern: schedule_cuda)
+
+
+def narrowed_total(anchor: te.Tensor) -> te.Tensor | None:
+    """The sum that `anchor` converts to a narrow float (`_nn_util.narrowed`: `cast(total)`), or None."""
+    op = anchor.op
+    if not isinstance(op, te.ComputeOp) or op.reduce_axis or len(op.input_tensors) != 1:
+        return None
+    (total,) = op.input_tensors
+    body = op.body
+    if not (isinstance(total.op, te.ComputeOp) and total.op.reduce_axis and isinstance(body, Cast)
+            and isinstance(body.value, BufferLoad)
+            and all(i is ax.var for i, ax in zip(body.value.indices, op.axis, strict=True))):
+        return None
+    return total
+
+
+def summed(sch: te.Schedule, anchor: te.Tensor, outs: Sequence[te.Tensor]) -> te.Tensor:
+    """The sum under a narrow-float product's conversion (`narrowed_total`), that conversion inlined into
+    its readers where it is not an output; else `anchor` itself."""
+    total = narrowed_total(anchor)
+    if total is None:
+        return anchor
+    if all(t.op is not anchor.op for t in outs):
+        sch[anchor].compute_inline()
+    return total
 
 
 def split_epilogue(sch: te.Schedule, anchor: te.Tensor, outs: Sequence[te.Tensor],

@@ -28,22 +28,35 @@ from kiln.ir.dtype import DataType, DTypeError
 from kiln.ir.types import ANY, AnyDim, Dim, TensorType, Type, dim_add, dim_mul
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Constant, Expr, call
-from kiln.relay.op import cuda_schedules
-from kiln.relay.op._nn_util import TILED_DTYPES, clamp, differ, dtype_of, packable_weight, static_shape, tensor_shape
+from kiln.relay.op._nn_util import (
+    TILED_DTYPES,
+    clamp,
+    differ,
+    dtype_of,
+    narrowed,
+    packable_weight,
+    product_sum_dtype,
+    tensor_shape,
+)
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, same_dtype, tensor_args
 from kiln.relay.op._schedule import KEEP, divisor_at_most, op_attr, schedule_generic, split_epilogue, vector_lanes
 from kiln.relay.op.conv_grad import conv2d_grad, conv2d_transpose_grad
 from kiln.relay.op.conv_schedules import (
+    DATA_AXES,
+    KERNEL_AXES,
     batch_shape,
     batch_type_shape,
     conv2d_cpu_compute,
     conv2d_cpu_schedule,
+    kernel_at,
+    nchw_shape,
     ovec_tiles,
     packed_block,
-    padded_input,
+    pick,
+    static_kernel_dims,
 )
-from kiln.relay.op.cuda_schedules import WINDOW, Window
+from kiln.relay.op.cuda_conv import schedule_conv2d, window_compute
 from kiln.relay.op.indexing import strided_slice
 from kiln.relay.op.shape import reshape, transpose
 from kiln.tir import expr as tx
@@ -151,21 +164,6 @@ def window_out_size(
     return dim_add(size, offset)
 
 
-# Where N, C, H, W sit in each data layout, and O, I, H, W in each kernel layout.
-DATA_AXES = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 3, 1, 2)}
-_KERNEL_AXES = {"OIHW": (0, 1, 2, 3), "HWIO": (3, 2, 0, 1), "IOHW": (1, 0, 2, 3)}
-
-
-def pick(shape: Sequence[T], axes: tuple[int, ...]) -> tuple[T, ...]:
-    """The entries of `shape` at `axes`: e.g. (N, C, H, W) of a shape in a layout, with DATA_AXES[layout]."""
-    return tuple(shape[i] for i in axes)
-
-
-def nchw_shape(n: T, c: T, h: T, w: T, layout: str) -> tuple[T, ...]:
-    """(n, c, h, w) in `layout`'s order: a shape, or the index of an element."""
-    return (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
-
-
 def rank4(t: TensorType, arg: int, what: str, layout: str) -> None:
     if t.ndim != 4:
         raise RelationError(f"expected {what} of rank 4 ({layout}), found rank {t.ndim}: {t}", arg=arg)
@@ -268,27 +266,8 @@ def kernel_dims(shape: Sequence[Dim], attrs: Conv2DAttrs) -> tuple[Dim, Dim, Dim
     block = attrs.kernel_block
     if block:
         return dim_mul(shape[0], block), shape[1], shape[2], shape[3]
-    o, i, kh, kw = pick(shape, _KERNEL_AXES[attrs.kernel_layout])
+    o, i, kh, kw = pick(shape, KERNEL_AXES[attrs.kernel_layout])
     return o, i, kh, kw
-
-
-def static_kernel_dims(weight: te.Tensor, attrs: Conv2DAttrs) -> tuple[int, int, int, int]:
-    """(O, I, KH, KW) of a lowered weight tensor."""
-    shape = tensor_shape(weight)
-    block = attrs.kernel_block
-    if block:
-        return shape[0] * block, shape[1], shape[2], shape[3]
-    o, i, kh, kw = pick(shape, _KERNEL_AXES[attrs.kernel_layout])
-    return o, i, kh, kw
-
-
-def kernel_at(weight: te.Tensor, attrs: Conv2DAttrs, o: PrimExpr, i: PrimExpr, ky: PrimExpr,
-              kx: PrimExpr) -> PrimExpr:
-    """The weight of output channel o, input channel i (of its group) and tap (ky, kx), in any kernel layout."""
-    block = attrs.kernel_block
-    if block:
-        return weight[o // block, i, ky, kx, o % block]
-    return weight[(o, i, ky, kx) if attrs.kernel_layout == "OIHW" else (ky, kx, i, o)]
 
 
 def _check_channels(c: Dim, o: Dim, i: Dim, groups: int, weight: TensorType) -> None:
@@ -377,7 +356,8 @@ def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type)
     _, _, h, w = pick(batch_shape(data), DATA_AXES[layout])
     o_total, ig, kh, kw = static_kernel_dims(weight, attrs)
     shape = batch_type_shape(out_type)
-    dtype = dtype_of(out_type)
+    out_dtype = dtype_of(out_type)
+    dtype = product_sum_dtype(out_dtype)
     _, _, oh, ow = pick(shape, DATA_AXES[layout])
     pt, pl, _, _ = attrs.padding
     (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
@@ -392,42 +372,15 @@ def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type)
         k = kernel_at(weight, attrs, o, rc, ry, rx)
         return te.sum(te.cast(v, dtype) * te.cast(k, dtype), axis=[rc, ry, rx])
 
+    name = "conv2d" if dtype == out_dtype else "conv2d_sum"
     if layout == "NCHW":
-        return [te.compute(shape, conv, name="conv2d")]
-    return [te.compute(shape, lambda n, y, x, o: conv(n, o, y, x), name="conv2d")]
+        return [narrowed(te.compute(shape, conv, name=name), out_dtype, "conv2d")]
+    return [narrowed(te.compute(shape, lambda n, y, x, o: conv(n, o, y, x), name=name), out_dtype, "conv2d")]
 
 
 def _conv2d_cuda_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
-    """On cuda, an NCHW / OIHW or NHWC / HWIO convolution, of any groups, reads a padded input stage
-    (`padded_input`, kept for the schedule), so its windows are affine in the output's indices:
-    `cuda_schedules.schedule_conv2d` copies a block's window of it into shared memory. Other layouts get
-    the direct compute."""
-    data, weight = inputs
-    layout = attrs.data_layout
-    if (layout, attrs.kernel_layout) not in (("NCHW", "OIHW"), ("NHWC", "HWIO")):
-        return _conv2d_compute(attrs, inputs, out_type)
-    o_total, ig, kh, kw = static_kernel_dims(weight, attrs)
-    shape = static_shape(out_type)
-    dtype = dtype_of(out_type)
-    _, _, oh, ow = pick(shape, DATA_AXES[layout])
-    pt, pl, _, _ = attrs.padding
-    (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
-    hw_axes = DATA_AXES[layout][2:]
-    pad = padded_input(data, (pt, pl), ((oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1),
-                       (hw_axes[0], hw_axes[1]))
-    og = o_total // attrs.groups
-    rc, ry, rx = te.reduce_axis((0, ig), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
-
-    def conv(n: PrimExpr, o: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
-        ch = rc if attrs.groups == 1 else (o if og == 1 else o // og) * ig + rc
-        v = pad[nchw_shape(n, ch, y * sh + ry * dh, x * sw + rx * dw, layout)]
-        k = kernel_at(weight, attrs, o, rc, ry, rx)
-        return te.sum(te.cast(v, dtype) * te.cast(k, dtype), axis=[rc, ry, rx])
-
-    window = Window(pad, layout, attrs.groups, attrs.strides, attrs.dilation)
-    if layout == "NCHW":
-        return [te.compute(shape, conv, name="conv2d", attrs={WINDOW: window})]
-    return [te.compute(shape, lambda n, y, x, o: conv(n, o, y, x), name="conv2d", attrs={WINDOW: window})]
+    """`cuda_conv`'s compute (windows staged in shared memory), else the direct compute."""
+    return window_compute(attrs, inputs, out_type) or _conv2d_compute(attrs, inputs, out_type)
 
 
 def _conv2d_rows_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
@@ -565,7 +518,7 @@ def _conv2d_alter_llvm(attrs: Conv2DAttrs, args: list[Expr], arg_types: list[Typ
     .set_attr(attr.FPrimalGradient, conv2d_grad)
     .add_implementation("tiled", _conv2d_tiled_compute, _conv2d_tiled_schedule, target="llvm",
                         dtypes=TILED_DTYPES, priority=10)
-    .add_implementation("tiled", _conv2d_cuda_compute, cuda_schedules.schedule_conv2d, target="cuda",
+    .add_implementation("tiled", _conv2d_cuda_compute, schedule_conv2d, target="cuda",
                         priority=10))
 
 

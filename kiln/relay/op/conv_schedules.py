@@ -50,7 +50,7 @@ compute of `kiln.relay.op.conv`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from kiln import te
 from kiln.ir.dtype import DataType
@@ -60,6 +60,42 @@ from kiln.relay.op._schedule import KEEP, divisor_at_most, op_attr, split_epilog
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 from kiln.tir.transform import PARTITION_SELECTS
+
+T = TypeVar("T")
+
+# Where N, C, H, W sit in each data layout, and O, I, H, W in each kernel layout.
+DATA_AXES = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 3, 1, 2)}
+KERNEL_AXES = {"OIHW": (0, 1, 2, 3), "HWIO": (3, 2, 0, 1), "IOHW": (1, 0, 2, 3)}
+
+
+def pick(shape: Sequence[T], axes: tuple[int, ...]) -> tuple[T, ...]:
+    """The entries of `shape` at `axes`: e.g. (N, C, H, W) of a shape in a layout, with DATA_AXES[layout]."""
+    return tuple(shape[i] for i in axes)
+
+
+def nchw_shape(n: T, c: T, h: T, w: T, layout: str) -> tuple[T, ...]:
+    """(n, c, h, w) in `layout`'s order: a shape, or the index of an element."""
+    return (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
+
+
+def static_kernel_dims(weight: te.Tensor, attrs: Any) -> tuple[int, int, int, int]:
+    """(O, I, KH, KW) of a lowered weight tensor."""
+    shape = tensor_shape(weight)
+    block = attrs.kernel_block
+    if block:
+        return shape[0] * block, shape[1], shape[2], shape[3]
+    o, i, kh, kw = pick(shape, KERNEL_AXES[attrs.kernel_layout])
+    return o, i, kh, kw
+
+
+def kernel_at(weight: te.Tensor, attrs: Any, o: PrimExpr, i: PrimExpr, ky: PrimExpr,
+              kx: PrimExpr) -> PrimExpr:
+    """The weight of output channel o, input channel i (of its group) and tap (ky, kx), in any kernel layout."""
+    block = attrs.kernel_block
+    if block:
+        return weight[o // block, i, ky, kx, o % block]
+    return weight[(o, i, ky, kx) if attrs.kernel_layout == "OIHW" else (ky, kx, i, o)]
+
 
 FORM = "conv2d.form"  # attr of the NCHW output's compute: which form of this module computed it
 _MAX_ACC = 24  # accumulators of a tile: 32 vector registers, less the operands of one step

@@ -2,7 +2,7 @@
 
 The generic GPU schedule (`_schedule.schedule_cuda`) gives every output element
 a thread and runs its reduction serially from global memory: right for any op,
-and bound by memory traffic for products. The schedules here are TVM's for CUDA:
+and bound by memory traffic for products. The schedules here are TVM's for CUDA (convolutions: `cuda_conv`):
 
 - **Products** (`schedule_product`, nn.dense / nn.matmul / nn.batch_matmul):
   a block computes a `bm x bn` tile of C with 16 x 16 threads, each thread a
@@ -15,69 +15,35 @@ and bound by memory traffic for products. The schedules here are TVM's for CUDA:
   The group's elementwise epilogue (bias, activation) is applied to the
   register tile as it is written out. Tiles shrink (8 x 8, 4 x 4, 2 x 2 per
   thread) until the grid has enough blocks to fill the device.
-- **Convolutions** (`schedule_conv2d`, NCHW, one group): the same scheme with
-  output channels as rows and a block of output pixels (rows x columns of the
-  image) as columns: the reduction over (input channel, kernel row, kernel
-  column) steps through `bc` input channels at a time, staging the weights of
-  the block's channels and the input window its pixels read (the padded
-  input stage inlined into the copy). Each thread keeps `tm` channels x `tn`
-  neighbouring pixels of one row in registers. NHWC / HWIO runs the same
-  tiles; its window is staged channel-first, as NCHW's, so that a warp's
-  pixels read distinct banks, while the copy reads global memory channel-
-  innermost (coalesced).
-- **Grouped and depthwise convolutions** (`schedule_conv2d` with groups): one
-  output channel and `tn` pixels a thread, 16 channels a block, the window of
-  the block's groups staged in shared memory (TVM's depthwise schedule). A
-  group size that neither divides 16 nor is a multiple of it would make a
-  block straddle groups unevenly; such convolutions take the generic schedule.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kiln import te
 from kiln.relay.op._nn_util import tensor_shape
-from kiln.relay.op._schedule import schedule_cuda, split_epilogue, static_size
+from kiln.relay.op._schedule import narrowed_total, schedule_cuda, split_epilogue, static_size, summed
 from kiln.te.arith import free_vars, loads
 from kiln.te.tensor import Reduce, TensorBuffer
 from kiln.tir.async_copy import ASYNC_COPY
 from kiln.tir.expr import BufferLoad, Cast, IntImm, Mul, PrimExpr
 from kiln.tir.transform import substitute
 
-_THREADS = 16  # threads per block along each of the two axes of a tile
-WINDOW = "kiln.cuda_window"  # ComputeOp attr of a cuda conv2d: its `Window`
-_SHARED_PANEL = 32 * 1024  # bytes of one staged weight panel at most (two panels fit the default 48 KiB)
-_MIN_BLOCKS = 132  # blocks that give every multiprocessor of an H100-class device one
-
-
-@dataclass(frozen=True, eq=False)
-class Window:
-    """What a cuda conv2d's schedule reads of its compute: the padded input stage that its windows read,
-    the data layout ("NCHW", weights OIHW, or "NHWC", weights HWIO), the groups, strides and dilation."""
-
-    pad: te.Tensor
-    layout: str
-    groups: int
-    strides: tuple[int, int]
-    dilation: tuple[int, int]
-
-    def conv_axes(self, axes: Sequence[Any]) -> tuple[Any, Any, Any, Any]:
-        """(batch, channel, row, column) of `axes` in the data layout's order."""
-        b, p, q, r = axes
-        return (b, r, p, q) if self.layout == "NHWC" else (b, p, q, r)
+THREADS = 16  # threads per block along each of the two axes of a tile
+SHARED_PANEL = 32 * 1024  # bytes of one staged weight panel at most (two panels fit the default 48 KiB)
+MIN_BLOCKS = 132  # blocks that give every multiprocessor of an H100-class device one
 
 
 def _product_tiles(batch: int, m: int, n: int) -> tuple[int, int]:
     """Per-thread rows and columns (tm, tn) of a product's register tile: the largest of 8, 4, 2 whose
-    grid still has `_MIN_BLOCKS` blocks (or 2, for a small product: a 1-wide tile reuses nothing it loads).
+    grid still has `MIN_BLOCKS` blocks (or 2, for a small product: a 1-wide tile reuses nothing it loads).
     """
     for t in (8, 4):
-        side = _THREADS * t
-        if batch * -(-m // side) * -(-n // side) >= _MIN_BLOCKS:
+        side = THREADS * t
+        if batch * -(-m // side) * -(-n // side) >= MIN_BLOCKS:
             return t, t
     return 2, 2
 
@@ -103,7 +69,7 @@ def _k_first(op: te.ComputeOp, operand: te.Tensor) -> list[int]:
 def schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
                      target: Any) -> None:
     """Shared-memory and register tiling of a product C[..., m, n] = sum over k (see the module docstring)."""
-    (c,) = anchor_outs
+    c = summed(sch, anchor_outs[0], outs)
     shape = tensor_shape(c)
     if len(shape) < 2 or static_size(c) is None or not isinstance(c.op, te.ComputeOp) or len(c.op.reduce_axis) != 1:
         schedule_cuda(sch, anchor_outs, outs, target)
@@ -115,9 +81,9 @@ def schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: S
     sch[comp].set_scope("local")
     stage = sch[tiled]
     *batch, sm, sn = stage.op.axis
-    mb, mr = stage.split(sm, factor=_THREADS * tm)
+    mb, mr = stage.split(sm, factor=THREADS * tm)
     mt, mi = stage.split(mr, factor=tm)
-    nb, nr = stage.split(sn, factor=_THREADS * tn)
+    nb, nr = stage.split(sn, factor=THREADS * tn)
     nt, ni = stage.split(nr, factor=tn)
     stage.reorder(*batch, mb, nb, mt, nt, mi, ni)
     _bind_blocks(stage, batch, mb, nb)
@@ -135,7 +101,7 @@ def schedule_product(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: S
     local.unroll(lm)
     local.unroll(ln)
     for operand in dict.fromkeys(local.op.input_tensors):  # a and b, once each (a @ a reads one tensor)
-        _stage_panel(sch, operand, local, ko, _k_first(local.op, operand))
+        stage_panel(sch, operand, local, ko, _k_first(local.op, operand))
 
 
 def _bind_blocks(stage: te.Stage, batch: Sequence[Any], rows: Any, cols: Any) -> None:
@@ -146,7 +112,7 @@ def _bind_blocks(stage: te.Stage, batch: Sequence[Any], rows: Any, cols: Any) ->
     stage.bind(cols, te.thread_axis("blockIdx.x"))
 
 
-def _stage_panel(sch: te.Schedule, operand: te.Tensor, local: te.Stage, step: Any, axes: Any,
+def stage_panel(sch: te.Schedule, operand: te.Tensor, local: te.Stage, step: Any, axes: Any,
                  order: Sequence[int] | None = None) -> None:
     """A shared copy of what `local` reads of `operand` in one iteration of `step` (laid out by `axes`),
     filled by the block's 16 x 16 threads together, each copying every 256th element; `order` (of the
@@ -157,133 +123,10 @@ def _stage_panel(sch: te.Schedule, operand: te.Tensor, local: te.Stage, step: An
     copy = [fill.op.axis[i] for i in order] if order is not None else list(fill.op.axis)
     fill.reorder(*copy)
     flat = fill.fuse(*copy) if len(copy) > 1 else copy[0]
-    rest, tx = fill.split(flat, factor=_THREADS)
-    _, ty = fill.split(rest, factor=_THREADS)
+    rest, tx = fill.split(flat, factor=THREADS)
+    _, ty = fill.split(rest, factor=THREADS)
     fill.bind(ty, te.thread_axis("threadIdx.y"))
     fill.bind(tx, te.thread_axis("threadIdx.x"))
-
-
-def _pixel_tiles(oh: int, ow: int, limit: int) -> tuple[int, int]:
-    """(tn, wx): tn neighbouring output columns per thread (at most `limit`), wx threads across a row (a
-    power of two; the other 16 / wx go down the rows): the block's pixel tile that wastes the fewest
-    pixels past the image's edges (7 x 8 columns by 2 rows for 56 x 56, 4 x 2 by 8 for 7 x 7)."""
-    def waste(tw: tuple[int, int]) -> tuple[int, int]:
-        cols, rows = tw[0] * tw[1], _THREADS // tw[1]
-        return -(-ow // cols) * cols * -(-oh // rows) * rows - oh * ow, -tw[0]
-
-    return min(((tn, wx) for tn in range(limit, 1, -1) for wx in (16, 8, 4, 2, 1)), key=waste)
-
-
-def _conv_tiles(n: int, o: int, oh: int, ow: int) -> tuple[int, int, int, int]:
-    """(tm, tn, hx, wx) of a convolution: tm channels x tn pixels per thread, the block's 16 pixel threads as
-    hx rows x wx columns; the largest tile whose grid has `_MIN_BLOCKS` blocks (or the smallest)."""
-    best = (2, 2, 8, 2)
-    for tm, limit in ((8, 8), (4, 8), (4, 4), (2, 4), (2, 2)):
-        if tm > 2 and _THREADS * tm > o:
-            continue  # a block of channels the layer does not have
-        tn, wx = _pixel_tiles(oh, ow, limit)
-        hx = _THREADS // wx
-        best = (tm, tn, hx, wx)
-        if n * -(-o // (_THREADS * tm)) * -(-oh // hx) * -(-ow // (wx * tn)) >= _MIN_BLOCKS:
-            break
-    return best
-
-
-def schedule_conv2d(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],
-                    target: Any) -> None:
-    """Shared-memory and register tiling of a convolution, NCHW or NHWC (see the module docstring)."""
-    (c,) = anchor_outs
-    window = c.op.attrs.get(WINDOW) if isinstance(c.op, te.ComputeOp) else None
-    if not isinstance(window, Window) or static_size(c) is None:
-        schedule_cuda(sch, anchor_outs, outs, target)
-        return
-    assert isinstance(c.op, te.ComputeOp)
-    pad = window.pad
-    weight = next(t for t in c.op.input_tensors if t.op is not pad.op)
-    n, o, oh, ow = (int(d) for d in window.conv_axes(tensor_shape(c)))
-    wshape = [int(d) for d in tensor_shape(weight)]
-    kh, kw, ig = (wshape[2], wshape[3], wshape[1]) if window.layout == "NCHW" else wshape[:3]
-    og = o // window.groups
-    if window.groups > 1 and og % _THREADS and _THREADS % og:
-        schedule_cuda(sch, anchor_outs, outs, target)  # a block's channels would straddle groups unevenly
-        return
-    if window.groups > 1:
-        _schedule_grouped_conv2d(sch, c, outs, window, (oh, ow, kh, kw, ig, og))
-        return
-    tm, tn, hx, wx = _conv_tiles(n, o, oh, ow)
-    bc = 16
-    while bc > 1 and (bc > ig or _THREADS * tm * bc * kh * kw * 4 > _SHARED_PANEL):
-        bc //= 2
-    local = _tile_conv(sch, c, outs, window, tm, tn, hx, wx)
-    rc, ry, rx = local.op.reduce_axis
-    rco, rci = local.split(rc, factor=bc)
-    _, lo, ly, lx = window.conv_axes(local.op.axis)
-    local.reorder(rco, rci, ry, rx, lo, ly, lx)
-    for axis in (ry, rx, lo, ly, lx):
-        local.unroll(axis)
-    if window.layout == "NCHW":
-        _stage_panel(sch, pad, local, rco, None)
-        _stage_panel(sch, weight, local, rco, (1, 2, 3, 0))  # channel-last: a thread's tm channels in a row
-    else:  # the window channel-first as in NCHW (a warp's pixels on distinct banks), copied channel-innermost
-        _stage_panel(sch, pad, local, rco, (3, 0, 1, 2), order=(1, 2, 3, 0))
-        _stage_panel(sch, weight, local, rco, None)  # HWIO is channel-last already
-
-
-def _tile_conv(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor], window: Window, tm: int, tn: int,
-               hx: int, wx: int) -> te.Stage:
-    """The block and thread tiles of a convolution's output: 16 tm channels x hx rows x wx tn columns a
-    block, tm channels x tn neighbouring columns of one row a thread (channels on threadIdx.y, pixels on
-    threadIdx.x); returns the local stage, computed at each thread."""
-    tiled, comp = split_epilogue(sch, c, outs, cache=True)
-    sch[comp].set_scope("local")
-    if isinstance(window.pad.op, te.ComputeOp):
-        sch[window.pad].compute_inline()  # the window's copy into shared memory reads the input, zeros at the edge
-    stage = sch[tiled]
-    b, so, sy, sx = window.conv_axes(stage.op.axis)
-    ob, orr = stage.split(so, factor=_THREADS * tm)
-    ot, oi = stage.split(orr, factor=tm)
-    yb, yt = stage.split(sy, factor=hx)
-    xb, xr = stage.split(sx, factor=wx * tn)
-    xt, xi = stage.split(xr, factor=tn)
-    stage.reorder(b, yb, xb, ob, ot, yt, xt, oi, xi)
-    stage.bind(stage.fuse(b, yb, xb), te.thread_axis("blockIdx.x"))
-    stage.bind(ob, te.thread_axis("blockIdx.y"))
-    stage.bind(ot, te.thread_axis("threadIdx.y"))
-    pixels = stage.fuse(yt, xt)
-    stage.bind(pixels, te.thread_axis("threadIdx.x"))
-    stage.unroll(oi)
-    stage.unroll(xi)
-    local = sch[comp]
-    local.compute_at(stage, pixels)
-    return local
-
-
-def _schedule_grouped_conv2d(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor], window: Window,
-                             dims: tuple[int, int, int, int, int, int]) -> None:
-    """A convolution of several groups (depthwise where each group is one channel) of og output channels,
-    og dividing 16 or 16 dividing og: one output channel and tn neighbouring pixels of a row per thread, 16
-    channels a block; the reduction steps through bc input channels of each group, staging the window that
-    the block's channels read (bc channels of each of their groups)."""
-    oh, ow, kh, kw, ig, og = dims
-    tn, wx = _pixel_tiles(oh, ow, 4)
-    hx = _THREADS // wx
-    (sh, sw), (dh, dw) = window.strides, window.dilation
-    rows, cols = (hx - 1) * sh + (kh - 1) * dh + 1, (wx * tn - 1) * sw + (kw - 1) * dw + 1
-    spanned = max(_THREADS // og, 1)  # the groups of a block's 16 channels (og divides 16, or 16 divides og)
-    bc = 16
-    while bc > 1 and (bc > ig or ((spanned - 1) * ig + bc) * rows * cols * 4 > _SHARED_PANEL):
-        bc //= 2
-    local = _tile_conv(sch, c, outs, window, 1, tn, hx, wx)
-    rc, ry, rx = local.op.reduce_axis
-    rco, rci = local.split(rc, factor=bc)
-    _, lo, ly, lx = window.conv_axes(local.op.axis)
-    local.reorder(rco, rci, ry, rx, lo, ly, lx)
-    for axis in (ry, rx, lx):
-        local.unroll(axis)
-    if window.layout == "NCHW":
-        _stage_panel(sch, window.pad, local, rco, None)
-    else:
-        _stage_panel(sch, window.pad, local, rco, (3, 0, 1, 2), order=(1, 2, 3, 0))
 
 
 # --- tensor cores: float16 and bfloat16 products through mma.sync ---------------------------------------
@@ -302,8 +145,8 @@ def _tensorcore_tiles(batch: int, m: int, n: int, k: int) -> Tiles | None:
     """
     if m % _WARP_M or n % _WARP_N or k % 16:
         return None
-    bm = 128 if m % 128 == 0 and batch * (m // 128) * (n // 64) >= _MIN_BLOCKS else 64
-    bn = 128 if n % 128 == 0 and batch * (m // bm) * (n // 128) >= _MIN_BLOCKS else 64
+    bm = 128 if m % 128 == 0 and batch * (m // 128) * (n // 64) >= MIN_BLOCKS else 64
+    bn = 128 if n % 128 == 0 and batch * (m // bm) * (n // 128) >= MIN_BLOCKS else 64
     return bm, bn, _WARP_M, _WARP_N
 
 
@@ -349,13 +192,14 @@ def tensorcore(compute: Any) -> Any:
     """
     def product(attrs: Any, inputs: list[te.Tensor], out_type: Any) -> list[te.Tensor]:
         (p,) = compute(attrs, inputs, out_type)
-        frag = _fragment_stage(p)
+        frag = _fragment_stage(narrowed_total(p) or p, p)
         return [p] if frag is None else [frag]
     return product
 
 
-def _fragment_stage(p: te.Tensor) -> te.Tensor | None:
-    op = p.op
+def _fragment_stage(total: te.Tensor, p: te.Tensor) -> te.Tensor | None:
+    """The fragment stage of product `total` and its read-back as `p` (the product, or its narrowing)."""
+    op = total.op
     dims = static_size(p) and tensor_shape(p)
     if not isinstance(op, te.ComputeOp) or not dims or len(dims) < 2 or len(op.reduce_axis) != 1:
         return None
@@ -389,7 +233,7 @@ def _fragment_stage(p: te.Tensor) -> te.Tensor | None:
               mm % tm // 16, nn % tn // 8, mm % 16 // 8, nn % 2)
         return te.cast(acc[tuple(b) + at], p.dtype)
 
-    return te.compute(dims, read_back, name=op.name)
+    return te.compute(dims, read_back, name=p.op.name)
 
 
 def schedule_tensorcore(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Sequence[te.Tensor],

@@ -32,7 +32,9 @@ from kiln.relay.op._nn_util import (
     DimExpr,
     differ,
     dtype_of,
+    narrowed,
     packable_weight,
+    product_sum_dtype,
     shape_dims,
     te_dims,
     wide,
@@ -140,7 +142,8 @@ def _dense_ref(attrs: DenseAttrs, x: Array, w: Array) -> Array:
 
 def _dense_compute(attrs: DenseAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:
     x, w = inputs
-    dtype = dtype_of(out_type)
+    out_dtype = dtype_of(out_type)
+    dtype = product_sum_dtype(out_dtype)
     k = te.reduce_axis((0, te_dims(w)[1]), name="k")
     block = attrs.weight_block
 
@@ -150,7 +153,8 @@ def _dense_compute(attrs: DenseAttrs, inputs: list[te.Tensor], out_type: Type) -
         weight = w[n // block, k, n % block] if block else w[n, k]
         return te.sum(te.cast(x[row], dtype) * te.cast(weight, dtype), axis=k)
 
-    return [te.compute(_out_dims(out_type), product, name="dense")]
+    total = te.compute(_out_dims(out_type), product, name="dense" if dtype == out_dtype else "dense_sum")
+    return [narrowed(total, out_dtype, "dense")]
 
 
 @attrs.frozen
@@ -238,7 +242,8 @@ def _matmul_compute(attrs: MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tenso
     a, b = inputs
     a_shape, b_shape = te_dims(a), te_dims(b)
     shape = _out_dims(out_type)
-    dtype = dtype_of(out_type)
+    out_dtype = dtype_of(out_type)
+    dtype = product_sum_dtype(out_dtype)
     k = te.reduce_axis((0, a_shape[-2] if attrs.transpose_a else a_shape[-1]), name="k")
     nb = len(shape) - 2
 
@@ -248,7 +253,8 @@ def _matmul_compute(attrs: MatmulAttrs | BatchMatmulAttrs, inputs: list[te.Tenso
         bi = (*_batch_index(batch, b_shape[:-2], shape[:-2]), *((n, k) if attrs.transpose_b else (k, n)))
         return te.sum(te.cast(a[ai], dtype) * te.cast(b[bi], dtype), axis=k)
 
-    return [te.compute(shape, product, name="matmul")]
+    total = te.compute(shape, product, name="matmul" if dtype == out_dtype else "matmul_sum")
+    return [narrowed(total, out_dtype, "matmul")]
 
 
 def _batch_matmul_rel(arg_types: list[Type], attrs: BatchMatmulAttrs) -> Type | None:

@@ -31,13 +31,10 @@ from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, tensor_args
 from kiln.relay.op._schedule import KEEP, op_attr, schedule_injective_stage, static_size, worth_parallel
 from kiln.relay.op.conv import (
-    DATA_AXES,
     from_nchw,
-    nchw_shape,
     overhangs,
     padding_field,
     pair_field,
-    pick,
     rank4,
     read_window,
     taps,
@@ -50,7 +47,7 @@ from kiln.relay.op.conv_grad import (
     global_max_pool2d_grad,
     max_pool2d_grad,
 )
-from kiln.relay.op.conv_schedules import batch_shape, batch_type_shape
+from kiln.relay.op.conv_schedules import DATA_AXES, batch_shape, batch_type_shape, nchw_shape, pick
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
 

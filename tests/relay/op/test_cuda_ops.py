@@ -188,6 +188,13 @@ CASES: list[Case] = [
          label="tensorcore-bfloat16"),  # exact products of bfloat16 values, float32 sums
     Case("nn.batch_matmul", (bf16(2, 64, 48), bf16(2, 48, 64)), {"transpose_b": False},
          rtol=1e-2, atol=1e-2, label="tensorcore-bfloat16-out"),
+    # narrow floats sum in float32: 4096 ones make 4096, where float16 sums would stop at 2048 (bfloat16's at 256)
+    Case("nn.dense", (np.ones((2, 4096), "float16"), np.ones((3, 4096), "float16")), rtol=0, atol=0,
+         label="float16-sums"),
+    Case("nn.conv2d", (np.ones((1, 512, 3, 3), "float16"), np.ones((2, 512, 3, 3), "float16")), rtol=0, atol=0,
+         label="float16-sums"),
+    Case("nn.batch_matmul", (bf16(1, 2, 1024) * 0 + 1, bf16(1, 3, 1024) * 0 + 1), rtol=0, atol=0,
+         label="bfloat16-sums"),
     # convolutions and pooling
     Case("nn.conv2d", (f32(1, 3, 6, 6), f32(4, 3, 3, 3)), {"padding": 1}, rtol=1e-4, atol=1e-5),
     # the tiled convolution: channel and pixel tails, strides, a channel step with a tail, and a 1x1
@@ -196,6 +203,9 @@ CASES: list[Case] = [
     Case("nn.conv2d", (f32(1, 20, 7, 9), f32(24, 20, 1, 1)), rtol=1e-4, atol=1e-4, label="tiles-1x1"),
     Case("nn.conv2d", (f32(1, 3, 15, 15), f32(8, 3, 5, 5)), {"padding": 2, "strides": 2, "dilation": (1, 2)},
          rtol=1e-4, atol=1e-4, label="tiles-dilated"),
+    # too few tiles to fill the device: the input channels split into 4 parts, summed by a second kernel
+    Case("nn.conv2d", (f32(1, 128, 5, 5), f32(24, 128, 3, 3)), {"padding": 1}, rtol=1e-4, atol=1e-4,
+         label="split"),
     # several groups (depthwise: one channel each) and NHWC / HWIO, with channel and pixel tails
     Case("nn.conv2d", (f32(1, 20, 9, 11), f32(20, 1, 3, 3)), {"padding": 1, "groups": 20}, rtol=1e-4, atol=1e-5,
          label="depthwise"),
@@ -381,7 +391,8 @@ HOST_RUN = [
     "nn.dense", "nn.batch_matmul", "nn.dense-tiles", "nn.matmul-tiles", "nn.batch_matmul-tiles",  # products
     "nn.dense-tensorcore", "nn.matmul-tensorcore", "nn.batch_matmul-tensorcore",  # on tensor cores
     "nn.conv2d", "nn.conv2d-tiles", "nn.conv2d-tiles-1x1", "nn.conv2d-tiles-dilated", "nn.conv2d_transpose",
-    "nn.conv2d-depthwise", "nn.conv2d-depthwise-multiplier", "nn.conv2d-grouped", "nn.conv2d-grouped-generic",
+    "nn.conv2d-split", "nn.conv2d-depthwise", "nn.conv2d-depthwise-multiplier", "nn.conv2d-grouped",
+    "nn.conv2d-grouped-generic",
     "nn.conv2d-nhwc",
     "nn.conv2d-nhwc-depthwise",
     "nn.max_pool2d", "nn.avg_pool2d", "nn.global_avg_pool2d",  # pooling
@@ -390,6 +401,7 @@ HOST_RUN = [
     "exp-bfloat16", "sum-bfloat16", "max-bfloat16", "nn.softmax-bfloat16", "nn.layer_norm-bfloat16",
     "nn.dense-tensorcore-bfloat16", "nn.batch_matmul-tensorcore-bfloat16-out",
     "nn.dense-int8", "image.resize-float16",  # other dtypes
+    "nn.dense-float16-sums", "nn.conv2d-float16-sums", "nn.batch_matmul-bfloat16-sums",
     "prod", "nn.softmax-float16", *(c.id for c in ROW_CASES),  # rows over threads
     # ONNX breadth: the scans, a scatter, topk, an integer product, sampling and pooling with indices
     "cumsum", "cumprod", "scatter_nd", "topk", "qnn.matmul_integer", "qnn.matmul_vnni", "image.grid_sample",
@@ -458,6 +470,17 @@ def test_op_compiles_to_cubin_for_sm80_and_sm90(case: Case) -> None:
         assert isinstance(module, CudaModule) and module.arch == arch
         assert module.kernels and all(k.name in module.code.source for k in module.kernels)
         assert cubin_sm(module.cubin) == int(arch[3:]), arch
+
+
+def test_a_convolution_of_few_tiles_splits_its_input_channels() -> None:
+    """Split-K: 4 parts of 32 channels, each a grid of tiled blocks (the window staged in shared memory),
+    then one kernel adding the parts up; the tiles of a big image are not split."""
+    from kiln.relay.op.cuda_conv import conv_splits
+
+    assert conv_splits(1, 512, 7, 7, 512) > 1 and conv_splits(32, 512, 7, 7, 512) == 1  # ResNet-50's last stage
+    assert conv_splits(1, 64, 56, 56, 64) == 1 and conv_splits(1, 24, 5, 5, 128) == 4
+    module = compile_case(BY_ID["nn.conv2d-split"], SM90).module
+    assert len(module.kernels) == 2 and "pad_shared[" in module.code.source
 
 
 @pytest.mark.parametrize(("case_id", "tiled"), [

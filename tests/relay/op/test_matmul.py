@@ -182,3 +182,21 @@ def test_a_product_with_b_given_as_nk_and_a_short_k_reads_b_transposed() -> None
     # K = 64 > 4 M (one row per head): the copy would cost more than the sums, the inner form stays
     text = _optimized_tir(scores(1, 64))
     assert "matmul_partial" in text and "padded_b" not in text
+
+
+@pytest.mark.parametrize(("dtype", "stall"), [("float16", 2048), ("bfloat16", 256)])
+@pytest.mark.parametrize("op", ["nn.dense", "nn.matmul", "nn.conv2d"])
+def test_narrow_float_products_sum_in_float32(op: str, dtype: str, stall: int) -> None:
+    """4608 ones sum to 4608 on llvm: summed in float16 (bfloat16) they would stop at 2048 (256), where
+    adding 1 no longer changes the sum; torch and cuBLAS sum narrow products in float32 too."""
+    from op_helpers import compile_op
+
+    from kiln.runtime.module import numpy_dtype
+
+    one = np.ones(1, numpy_dtype(dtype))
+    a, b = {"nn.dense": ((2, 4608), (3, 4608)), "nn.matmul": ((2, 4608), (4608, 3)),
+            "nn.conv2d": ((1, 512, 3, 3), (2, 512, 3, 3))}[op]
+    x, w = np.broadcast_to(one, a).copy(), np.broadcast_to(one, b).copy()
+    (got,) = compile_op(op, x, w, target="llvm")(x, w)
+    assert got.dtype == one.dtype and stall < 4608
+    np.testing.assert_array_equal(got.astype(np.float32), np.full(got.shape, 4608, np.float32))
