@@ -1,6 +1,6 @@
 """kiln's CUDA kernels beside cupy (cuBLAS) and torch on the same GPU, in one run.
 
-    python bench/gpu.py [--sections chain,matmul,zoo,models] [--repeat N]
+    python bench/gpu.py [--sections chain,matmul,convs,zoo,models] [--repeat N]
 
 Prints, with the GPU's name (each section on its own; a section that fails
 prints its error and the others still run):
@@ -11,14 +11,18 @@ prints its error and the others still run):
   same expression (unfused, and fused with `cupy.fuse`);
 - matmul: 4096^3 `nn.matmul` through relay.build in float32 and in float16
   (float16 inputs, float32 accumulation: out_dtype float32), as TFLOP/s and as
-  a ratio to `cupy.matmul` (cuBLAS) on the same inputs;
+  a ratio to `cupy.matmul` (cuBLAS) on the same inputs; and in bfloat16
+  (float32 sums) beside torch.matmul on the same bfloat16 tensors;
+- convs: single convolution layers (split-K at batch 1, NHWC, depthwise,
+  grouped) beside torch's cuDNN in float32;
 - zoo: every model of `kiln.testing.zoo` at batch 1 compiled for cuda, its
   output checked against onnxruntime's CPU provider (max error) and timed;
 - models: the zoo's ResNet-50 at batch 1 and 32 and its BERT-base encoder at
   batch 8 x seq 128, kiln beside torch eager on the same GPU (torchvision's
   resnet50 and transformers' BertModel of the same sizes, random weights, eval
   mode), float32 with TF32 off in torch (kiln computes in float32), and torch's
-  default (TF32 convolutions) as a second column.
+  default (TF32 convolutions) as a second column; kiln also as one CUDA graph
+  (`create_executor(cuda_graph=True)`).
 
 Times are medians of CUDA-event timings after warm-up runs. The aims (issue
 19): the chain at 80% of the memory bandwidth, both matmuls at half of cuBLAS
@@ -29,6 +33,7 @@ without one it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -84,6 +89,9 @@ def matmul(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
     del peak_gbs
     for dtype, out_dtype, rtol in (("float32", None, 1e-3), ("float16", "float32", 2e-2)):
         _matmul_one(cupy, 4096, dtype, out_dtype, rtol, max(3, args.repeat // 4))
+    import torch
+
+    matmul_bf16(torch, cupy, 4096, max(3, args.repeat // 4))
 
 
 def _matmul_one(cupy: Any, size: int, dtype: str, out_dtype: str | None, rtol: float, repeat: int) -> None:
@@ -105,14 +113,80 @@ def _matmul_one(cupy: Any, size: int, dtype: str, out_dtype: str | None, rtol: f
           f"kiln at {t_blas / t_kiln:.2f}x cuBLAS's speed")
 
 
-def _zoo_executor(name: str, shape: dict[str, tuple[int, ...]] | None = None) -> tuple[Any, Any, float]:
+def matmul_bf16(torch: Any, cupy: Any, size: int, repeat: int) -> None:
+    """bfloat16 inputs, float32 sums (tensor cores), beside torch.matmul on the same bfloat16 tensors."""
+    a = relay.var("a", shape=(size, size), dtype="bfloat16")
+    b = relay.var("b", shape=(size, size), dtype="bfloat16")
+    ex = relay.build(relay.Function([a, b], relay.nn.matmul(a, b, out_dtype="float32")),
+                     target="cuda").create_executor()
+    at = torch.rand((size, size), device="cuda").bfloat16()
+    bt = torch.rand((size, size), device="cuda").bfloat16()
+    out = ex(a=at, b=bt)  # DLPack: the torch tensors are used in place
+    want = (at.float() @ bt.float()).cpu().numpy()
+    np.testing.assert_allclose(cupy.asnumpy(out), want, rtol=1e-2)
+    t_kiln = gpu_time(lambda: ex(a=at, b=bt), cupy, repeat)
+    t_torch = gpu_time(lambda: torch.matmul(at, bt), cupy, repeat)
+    flops = 2 * size**3
+    print(f"matmul {size}^3 bfloat16 -> float32: kiln {t_kiln * 1e3:.2f} ms, {flops / t_kiln / 1e12:.1f} TFLOP/s; "
+          f"torch (bf16 out) {t_torch * 1e3:.2f} ms, {flops / t_torch / 1e12:.1f} TFLOP/s; kiln at "
+          f"{t_torch / t_kiln:.2f}x torch's speed")
+
+
+# (name, batch, in channels, out channels, image, kernel, stride, groups, layout): the layers whose
+# schedules bench/RESULTS.md has no timing of yet
+CONV_LAYERS = [
+    ("ResNet-50 stage 4 3x3 (split-K)", 1, 512, 512, 7, 3, 1, 1, "NCHW"),
+    ("ResNet-50 stage 4 3x3", 32, 512, 512, 7, 3, 1, 1, "NCHW"),
+    ("ResNet-50 stage 1 3x3", 1, 64, 64, 56, 3, 1, 1, "NCHW"),
+    ("ResNet-50 stage 1 3x3 NHWC", 1, 64, 64, 56, 3, 1, 1, "NHWC"),
+    ("MobileNetV2 depthwise 112^2", 1, 96, 96, 112, 3, 2, 96, "NCHW"),
+    ("MobileNetV2 depthwise 14^2", 1, 576, 576, 14, 3, 1, 576, "NCHW"),
+    ("ConvNeXt depthwise 7x7 56^2", 1, 96, 96, 56, 7, 1, 96, "NCHW"),
+    ("ResNeXt grouped 3x3 (32 groups)", 1, 256, 256, 28, 3, 1, 32, "NCHW"),
+]
+
+
+def convs(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
+    """Single convolution layers, float32, kiln beside torch (cuDNN, TF32 off) on the same inputs."""
+    del peak_gbs
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    rng = np.random.default_rng(0)
+    for name, n, c, o, size, k, stride, groups, layout in CONV_LAYERS:
+        x = rng.standard_normal((n, c, size, size), dtype=np.float32)
+        w = (rng.standard_normal((o, c // groups, k, k)) / np.sqrt(c // groups * k * k)).astype(np.float32)
+        xt, wt = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
+        want = torch.nn.functional.conv2d(xt, wt, stride=stride, padding=k // 2, groups=groups)
+        xin = x if layout == "NCHW" else x.transpose(0, 2, 3, 1).copy()
+        wk = w if layout == "NCHW" else w.transpose(2, 3, 1, 0).copy()
+        xv = relay.var("x", shape=xin.shape)
+        y = relay.nn.conv2d(xv, relay.const(wk), strides=(stride, stride), padding=(k // 2, k // 2), groups=groups,
+                            data_layout=layout, kernel_layout="OIHW" if layout == "NCHW" else "HWIO")
+        lib = relay.build(relay.Function([xv], y), target="cuda")
+        ex = lib.create_executor()
+        xd = cupy.asarray(xin)
+        got = cupy.asnumpy(ex(x=xd))
+        got = got if layout == "NCHW" else got.transpose(0, 3, 1, 2)
+        err = float(np.abs(got - want.cpu().numpy()).max())
+        t_kiln = gpu_time(functools.partial(ex, x=xd), cupy, args.repeat)
+        t_torch = gpu_time(functools.partial(torch.nn.functional.conv2d, xt, wt, stride=stride, padding=k // 2,
+                                             groups=groups), cupy, args.repeat)
+        flops = 2 * want.numel() * (c // groups) * k * k
+        print(f"conv {name}: kiln {t_kiln * 1e6:.0f} us ({flops / t_kiln / 1e12:.1f} TFLOP/s, {len(lib.kernels)} "
+              f"launches), torch {t_torch * 1e6:.0f} us; kiln at {t_torch / t_kiln:.2f}x torch's speed; "
+              f"max error {err:.1e}")
+
+
+def _zoo_executor(name: str, shape: dict[str, tuple[int, ...]] | None = None,
+                  cuda_graph: bool = False) -> tuple[Any, Any, float]:
     from kiln.relay.frontend.onnx import from_onnx
     from kiln.testing import zoo
 
     model = zoo.build(name)
     start = time.perf_counter()
     mod, params = from_onnx(model, shape=shape)
-    ex = relay.build(mod, target="cuda", params=params).create_executor()
+    ex = relay.build(mod, target="cuda", params=params).create_executor(cuda_graph=cuda_graph)
     return model, ex, time.perf_counter() - start
 
 
@@ -159,6 +233,9 @@ def models(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
         _, ex, compile_s = _zoo_executor("resnet50", {"input": (batch, 3, 224, 224)})
         x = cupy.asarray(rng.standard_normal((batch, 3, 224, 224), dtype=np.float32))
         t_kiln = gpu_time(lambda: ex(input=x), cupy, args.repeat)  # noqa: B023
+        _, graph_ex, _ = _zoo_executor("resnet50", {"input": (batch, 3, 224, 224)}, cuda_graph=True)
+        t_graph = gpu_time(lambda: graph_ex(input=x), cupy, args.repeat)  # noqa: B023
+        print(f"ResNet-50 batch {batch}: kiln as one CUDA graph {t_graph * 1e3:.2f} ms")
         import torchvision
 
         net = torchvision.models.resnet50().cuda().eval()
@@ -171,6 +248,10 @@ def models(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
     ids = cupy.asarray(rng.integers(0, 30522, (batch, seq)))
     mask = cupy.ones((batch, seq), dtype=cupy.int64)
     t_kiln = gpu_time(lambda: ex(input_ids=ids, attention_mask=mask), cupy, args.repeat)
+    _, graph_ex, _ = _zoo_executor("bert_base", {"input_ids": (batch, seq), "attention_mask": (batch, seq)},
+                                   cuda_graph=True)
+    t_graph = gpu_time(lambda: graph_ex(input_ids=ids, attention_mask=mask), cupy, args.repeat)
+    print(f"BERT-base encoder batch {batch} x seq {seq}: kiln as one CUDA graph {t_graph * 1e3:.2f} ms")
     import transformers
 
     config = transformers.BertConfig(num_hidden_layers=2, hidden_size=768, num_attention_heads=12,
@@ -184,7 +265,7 @@ def models(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
 
 
 SECTIONS: dict[str, Callable[[Any, float, argparse.Namespace], None]] = {
-    "chain": chain, "matmul": matmul, "zoo": zoo_check, "models": models,
+    "chain": chain, "matmul": matmul, "convs": convs, "zoo": zoo_check, "models": models,
 }
 
 
