@@ -224,6 +224,12 @@ def _torch_times(torch: Any, net: Any, x: Any, cupy: Any, repeat: int) -> tuple[
     return times[0], times[1]
 
 
+def _top_kernels(what: str, ex: Any, lines: int = 16, **inputs: Any) -> None:
+    """The head of the executor's per-kernel profile (each launch synchronized): where the time goes."""
+    profile = str(ex.profile(repeat=5, **inputs)).splitlines()
+    print(f"{what}: per-kernel profile (head)\n  " + "\n  ".join(profile[:lines]))
+
+
 def models(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
     del peak_gbs
     import torch
@@ -236,6 +242,7 @@ def models(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
         _, graph_ex, _ = _zoo_executor("resnet50", {"input": (batch, 3, 224, 224)}, cuda_graph=True)
         t_graph = gpu_time(lambda: graph_ex(input=x), cupy, args.repeat)  # noqa: B023
         print(f"ResNet-50 batch {batch}: kiln as one CUDA graph {t_graph * 1e3:.2f} ms")
+        _top_kernels(f"ResNet-50 batch {batch}", ex, input=x)
         import torchvision
 
         net = torchvision.models.resnet50().cuda().eval()
@@ -252,6 +259,7 @@ def models(cupy: Any, peak_gbs: float, args: argparse.Namespace) -> None:
                                    cuda_graph=True)
     t_graph = gpu_time(lambda: graph_ex(input_ids=ids, attention_mask=mask), cupy, args.repeat)
     print(f"BERT-base encoder batch {batch} x seq {seq}: kiln as one CUDA graph {t_graph * 1e3:.2f} ms")
+    _top_kernels("BERT-base", ex, input_ids=ids, attention_mask=mask)
     import transformers
 
     config = transformers.BertConfig(num_hidden_layers=2, hidden_size=768, num_attention_heads=12,
