@@ -269,7 +269,6 @@ class _KernelWriter:
         self.func = func
         self.launch = launch
         self.multi = dims  # tag -> whether the launch may have more than one index on that axis
-        self.tags: dict[int, tuple[Stmt, set[str]]] = {}  # id(stmt) -> (stmt, the thread tags bound in it)
         self.names = _CNames()
         self.params = params  # buffer id -> C name (parameters and workspaces of this kernel)
         for bid, name in params.items():
@@ -306,15 +305,8 @@ class _KernelWriter:
         self._stmt(s, unbound)
         self.mma.clear()
 
-    def _bound_tags(self, s: Stmt) -> set[str]:
-        """`cuda_host.bound_tags(s)`, once per statement (asked at every level of a nest, it was quadratic)."""
-        known = self.tags.get(id(s))
-        if known is None:
-            known = self.tags[id(s)] = (s, bound_tags(s))
-        return known[1]
-
     def _stmt(self, s: Stmt, unbound: frozenset[str]) -> None:
-        redundant = sorted(t for t in unbound if self.multi.get(t) and t not in self._bound_tags(s))
+        redundant = sorted(t for t in unbound if self.multi.get(t) and t not in bound_tags(s))
         if redundant and not has_sync(s) and not (isinstance(s, SeqStmt) and not s.stmts):
             # a statement outside every loop bound to these axes runs once: on index 0 of each
             self.emit(f"if ({' && '.join(f'{t} == 0' for t in redundant)}) {{")

@@ -39,7 +39,8 @@ around the shared scratch it uses (`kiln.codegen.cuda_allreduce`).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import attrs
 
@@ -154,65 +155,82 @@ def insert_syncs(s: Stmt) -> Stmt:
 
     Only statements outside `threadIdx` loops are considered (see the module docstring).
     """
-    return _sync(s, _NONE)[0]
+    return _Syncs().sync(s, _NONE)[0]
 
 
 def _union(a: Pending, b: Pending) -> Pending:
     return a[0] | b[0], a[1] | b[1]
 
 
-def _sync(s: Stmt, pend: Pending) -> tuple[Stmt, Pending]:
-    """`s` with the barriers it needs when entered with `pend` outstanding, and what is outstanding after it."""
-    if is_sync(s):
-        return s, _NONE
-    if isinstance(s, SeqStmt):
-        out: list[Stmt] = []
-        for child in s.stmts:
-            new, pend = _sync(child, pend)
-            out.append(new)
-        return seq(*out) if out else s, pend
-    if isinstance(s, Allocate):
-        body, pend = _sync(s.body, pend)
-        return Allocate(s.buffer, body), pend
-    if isinstance(s, LetStmt):
-        body, pend = _sync(s.body, pend)
-        return LetStmt(s.var, s.value, body), pend
-    if isinstance(s, IfThenElse):
-        if _conflict(pend, *_shared_access_frozen(s)):  # the barrier goes before it: in a cooperative scope
-            branch, after = _sync(s, _NONE)  # the condition may differ between the threads
-            return seq(syncthreads(), branch), after
-        then, after = _sync(s.then_case, pend)
-        if s.else_case is None:
-            return IfThenElse(s.cond, then), _union(after, pend)
-        other, after_other = _sync(s.else_case, pend)
-        return IfThenElse(s.cond, then, other), _union(after, after_other)
-    if isinstance(s, For) and (s.thread_tag.startswith("blockIdx") or _cooperative(s)):  # all threads run it
-        body, pend = _sync(s.body, pend)
-        return attrs.evolve(s, body=body), pend
-    if isinstance(s, For) and s.kind is not ForKind.THREAD_BINDING:
-        if _conflict(pend, *_shared_access_frozen(s)):  # one barrier before the loop, not one per iteration
-            loop, after = _sync(s, _NONE)
-            return seq(syncthreads(), loop), after
-        # an iteration starts with what was outstanding before the loop or after the previous iteration
-        head = pend
-        for _ in range(_MAX_FIXPOINT):
-            body, after = _sync(s.body, head)
-            if _union(pend, after) == head:
-                return attrs.evolve(s, body=body), head
-            head = _union(pend, after)
-        body, _ = _sync(s.body, _NONE)  # no fixed point: a barrier at the top of each iteration is always safe
-        return attrs.evolve(s, body=seq(syncthreads(), body)), _shared_access_frozen(s)
-    # a statement run by the threads in parallel (a threadIdx loop) or a single store: one unit
-    reads, writes = _shared_access_frozen(s)
-    if _conflict(pend, reads, writes):
-        return seq(syncthreads(), s), (reads, writes)
-    return s, _union(pend, (reads, writes))
+class _Syncs:
+    """One `insert_syncs` walk: what each statement accesses and binds, found once per statement (asked at
+    every level of a nest and in every fixpoint round, the walks were quadratic in the kernel's size)."""
 
+    def __init__(self) -> None:
+        self.memo: dict[tuple[str, int], tuple[Stmt, Any]] = {}
 
-def _cooperative(s: For) -> bool:
-    """Whether `s` is a threadIdx loop whose body binds threadIdx loops again: a per-thread scope in which
-    the block works together (a tile filled through the same threads), so its body is synchronized inside."""
-    return s.thread_tag.startswith("threadIdx") and any(t.startswith("threadIdx") for t in bound_tags(s.body))
+    def _once(self, kind: str, s: Stmt, find: Callable[[Stmt], Any]) -> Any:
+        hit = self.memo.get((kind, id(s)))
+        if hit is None:
+            hit = self.memo[(kind, id(s))] = (s, find(s))  # the statement held: its id stays its own
+        return hit[1]
+
+    def access(self, s: Stmt) -> Pending:
+        found: Pending = self._once("access", s, _shared_access_frozen)
+        return found
+
+    def cooperative(self, s: For) -> bool:
+        """Whether `s` is a threadIdx loop whose body binds threadIdx loops again: a per-thread scope in which
+        the block works together (a tile filled through the same threads), so its body is synchronized inside."""
+        tags: set[str] = self._once("tags", s.body, bound_tags)
+        return s.thread_tag.startswith("threadIdx") and any(t.startswith("threadIdx") for t in tags)
+
+    def sync(self, s: Stmt, pend: Pending) -> tuple[Stmt, Pending]:
+        """`s` with the barriers it needs when entered with `pend` outstanding, and what is outstanding after."""
+        if is_sync(s):
+            return s, _NONE
+        if isinstance(s, SeqStmt):
+            out: list[Stmt] = []
+            for child in s.stmts:
+                new, pend = self.sync(child, pend)
+                out.append(new)
+            return seq(*out) if out else s, pend
+        if isinstance(s, Allocate):
+            body, pend = self.sync(s.body, pend)
+            return Allocate(s.buffer, body), pend
+        if isinstance(s, LetStmt):
+            body, pend = self.sync(s.body, pend)
+            return LetStmt(s.var, s.value, body), pend
+        if isinstance(s, IfThenElse):
+            if _conflict(pend, *self.access(s)):  # the barrier goes before it: in a cooperative scope
+                branch, after = self.sync(s, _NONE)  # the condition may differ between the threads
+                return seq(syncthreads(), branch), after
+            then, after = self.sync(s.then_case, pend)
+            if s.else_case is None:
+                return IfThenElse(s.cond, then), _union(after, pend)
+            other, after_other = self.sync(s.else_case, pend)
+            return IfThenElse(s.cond, then, other), _union(after, after_other)
+        if isinstance(s, For) and (s.thread_tag.startswith("blockIdx") or self.cooperative(s)):  # all threads run it
+            body, pend = self.sync(s.body, pend)
+            return attrs.evolve(s, body=body), pend
+        if isinstance(s, For) and s.kind is not ForKind.THREAD_BINDING:
+            if _conflict(pend, *self.access(s)):  # one barrier before the loop, not one per iteration
+                loop, after = self.sync(s, _NONE)
+                return seq(syncthreads(), loop), after
+            # an iteration starts with what was outstanding before the loop or after the previous iteration
+            head = pend
+            for _ in range(_MAX_FIXPOINT):
+                body, after = self.sync(s.body, head)
+                if _union(pend, after) == head:
+                    return attrs.evolve(s, body=body), head
+                head = _union(pend, after)
+            body, _ = self.sync(s.body, _NONE)  # no fixed point: a barrier atop each iteration is always safe
+            return attrs.evolve(s, body=seq(syncthreads(), body)), self.access(s)
+        # a statement run by the threads in parallel (a threadIdx loop) or a single store: one unit
+        reads, writes = self.access(s)
+        if _conflict(pend, reads, writes):
+            return seq(syncthreads(), s), (reads, writes)
+        return s, _union(pend, (reads, writes))
 
 
 def _conflict(pend: Pending, reads: frozenset[int], writes: frozenset[tuple[int, Hashable]]) -> bool:
@@ -306,7 +324,22 @@ def scan_launch(func: str, body: Stmt) -> Launch:
 
 
 def bound_tags(s: Stmt) -> set[str]:
+    """The thread tags of the loops in `s` bound to GPU threads. Only statements are walked: no expression
+    holds a loop (a walk through every index expression was most of the CUDA back end's time)."""
     tags: set[str] = set()
-    post_order_visit(s, lambda n: tags.add(n.thread_tag) if isinstance(n, For) and n.kind is ForKind.THREAD_BINDING
-                     else None)
+    todo = [s]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, SeqStmt):
+            todo.extend(n.stmts)
+        elif isinstance(n, For):
+            if n.kind is ForKind.THREAD_BINDING:
+                tags.add(n.thread_tag)
+            todo.append(n.body)
+        elif isinstance(n, (Allocate, LetStmt)):
+            todo.append(n.body)
+        elif isinstance(n, IfThenElse):
+            todo.append(n.then_case)
+            if n.else_case is not None:
+                todo.append(n.else_case)
     return tags
