@@ -216,13 +216,16 @@ def default_schedule(pattern: OpPattern) -> Callable[..., None]:
 _CUDA_THREADS = 256  # threads per block of the generic GPU schedule
 _CUDA_ELEMENTS = 4  # elements per thread of an elementwise stage: loads in flight, 1/4 of the blocks
 _CUDA_LANES = 4  # of them, neighbours read by one vector load (float4)
+_CUDA_GRID = 4096  # blocks of an elementwise stage at most: beyond, each block strides over the tensor again
 
 
 def bind_stage_cuda(sch: te.Schedule, t: te.Tensor, threads: int = _CUDA_THREADS) -> None:
     """GPU threads over the elements of `t`: its axes fused, split into blocks of `threads`.
 
     An elementwise stage (no reduction) of at least 4 blocks' worth gives each
-    thread 4 neighbouring elements, a vectorized loop: where the offsets are
+    thread 4 neighbouring elements, a vectorized loop (past `_CUDA_GRID`
+    blocks' worth, a grid-stride loop: each block takes every `_CUDA_GRID`-th
+    tile in turn): where the offsets are
     provably aligned, one 16-byte load per input and one store (`float4`,
     `kiln.codegen.cuda_vector`), else 4 loads issued before the first result is
     needed; one element per thread leaves the memory system waiting on each
@@ -241,6 +244,9 @@ def bind_stage_cuda(sch: te.Schedule, t: te.Tensor, threads: int = _CUDA_THREADS
         block, rest = stage.split(fused, factor=threads * _CUDA_ELEMENTS)
         step, rest = stage.split(rest, factor=threads * _CUDA_LANES)  # each step: a warp reads 512 bytes
         thread, lanes = stage.split(rest, factor=_CUDA_LANES)
+        if size > _CUDA_GRID * threads * _CUDA_ELEMENTS:  # a grid-stride loop: the grid sweeps the tensor
+            sweep, block = stage.split(block, factor=_CUDA_GRID)
+            stage.reorder(block, sweep, step, thread, lanes)
         stage.unroll(step)
         stage.vectorize(lanes)
     else:

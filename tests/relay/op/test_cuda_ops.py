@@ -511,6 +511,21 @@ def test_op_matches_numpy_through_the_host_stand_in(host_cupy: Any, case: Case) 
     assert host_cupy, "no kernel was launched"
 
 
+@needs_gxx
+def test_a_large_elementwise_stage_sweeps_the_tensor_with_a_capped_grid(host_cupy: Any,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `_CUDA_GRID` blocks' worth of elements (4096 on a GPU; 3 here, to keep the stand-in small), the
+    grid stays at that many blocks and each block strides over the tensor (a grid-stride loop), tail
+    included."""
+    from kiln.relay.op import _schedule
+
+    monkeypatch.setenv("KILN_CACHE", "0")  # the kernel is not served from, nor left in, the compile cache
+    monkeypatch.setattr(_schedule, "_CUDA_GRID", 3)
+    case = Case("exp", (f32(5 * 1024 + 8),))
+    check_case(case, SM90, FAKE_CUPY)
+    assert {grid for _, grid, _, _ in host_cupy} == {(3, 1, 1)}, host_cupy
+
+
 def small_models() -> list[Any]:
     return [
         pytest.param(models.mlp(batch=2, sizes=(16, 8, 4)), (2, 16), models.mlp_numpy, id="mlp"),
