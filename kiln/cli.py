@@ -374,8 +374,8 @@ def _summary(arr: np.ndarray) -> str:
         return head + "  (empty)"
     values = arr.astype(np.float64) if arr.dtype != np.bool_ else arr.astype(np.int64)
     first = ", ".join(f"{v:.4g}" for v in values.reshape(-1)[:6]) + (", ..." if arr.size > 6 else "")
-    return (f"{head}  min {values.min():.4g}  max {values.max():.4g}  mean {values.mean():.4g}  "
-            f"std {values.std():.4g}\n  first values: {first}")
+    return (f"{head}  min {float(np.min(values)):.4g}  max {float(np.max(values)):.4g}  "
+            f"mean {float(np.mean(values)):.4g}  std {float(np.std(values)):.4g}\n  first values: {first}")
 
 
 def _cmd_run(args: argparse.Namespace) -> None:

@@ -503,10 +503,10 @@ def more_nn(b: GraphBuilder) -> Value | None:
             return None  # ties must be ties in compiled code too
         axis = b.integer(0, ndim - 1) if ndim and b.flag() else None
         keepdims = b.flag()
-        fn = np.argmax if kind == "argmax" else np.argmin
-        data = fn(v.data, axis=axis, keepdims=keepdims).astype(np.int32)
-        if axis is None and keepdims:
-            data = data.reshape((1,) * ndim)
+        picked = np.argmax(v.data, axis=axis) if kind == "argmax" else np.argmin(v.data, axis=axis)
+        data = np.asarray(picked).astype(np.int32)
+        if keepdims:
+            data = data.reshape((1,) * ndim) if axis is None else np.expand_dims(data, axis)
         return b.result(getattr(relay, kind)(v.expr, axis, keepdims), data, [v], True, "int32")
     if not v.is_float:
         return None

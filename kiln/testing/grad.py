@@ -98,7 +98,7 @@ def _compare(name: str, got: Array, want: Array, rtol: float, atol: float) -> No
         raise AssertionError(f"check_grad: the gradient of {name} has shape {got.shape}, expected {want.shape}")
     excess = np.abs(got - want) - (atol + rtol * np.abs(want))
     excess = np.where(np.isnan(got) != np.isnan(want), np.inf, np.nan_to_num(excess, nan=-1.0))
-    if excess.size and excess.max() > 0:
+    if excess.size and float(np.max(excess)) > 0:
         worst = np.unravel_index(int(np.argmax(excess)), excess.shape)
         bad = int(np.sum(excess > 0))
         raise AssertionError(

@@ -81,7 +81,7 @@ _OPS: dict[str, Callable[[OnnxNode, list[Array | None]], Array]] = {
     "Gather": lambda node, v: np.take(v[0], v[1].astype(np.int64), axis=node.int_attr("axis", 0)),  # type: ignore
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
-    "Concat": lambda node, v: np.concatenate(v, axis=node.int_attr("axis")),  # type: ignore[arg-type]
+    "Concat": lambda node, v: np.concatenate([x for x in v if x is not None], axis=node.int_attr("axis")),
     "Slice": _slice,
     "Mul": _binary(np.multiply),
     "Div": _binary(np.floor_divide),  # dims are >= 0: floor is ONNX's truncation (s // 2 is a `Quot` dim)

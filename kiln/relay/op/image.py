@@ -623,7 +623,7 @@ def _grid_sample_ref(attrs: GridSampleAttrs, data: Array, grid: Array) -> Array:
     for combo in itertools.product(*per_axis):
         index: tuple[Any, ...] = (batch, slice(None), *(i for i, _, _ in combo))
         picked = data[index]  # (N, out spatial..., C)
-        inside = np.logical_and.reduce([m for _, _, m in combo])[..., None]
+        inside = np.all(np.stack([m for _, _, m in combo]), axis=0)[..., None]
         if gather:
             term = np.where(inside, picked, np.zeros((), data.dtype))
         else:

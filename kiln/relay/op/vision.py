@@ -113,7 +113,7 @@ def _roi_align_ref(attrs: RoiAlignAttrs, data: Array, rois: Array, batch: Array)
     if attrs.mode == "avg":
         out = np.where(valid, sum(terms), 0.0).sum(axis=(3, 5)) / (g * g)
     else:
-        out = np.where(valid, np.maximum.reduce(terms), 0.0).max(axis=(3, 5))
+        out = np.where(valid, np.max(np.stack(terms), axis=0), 0.0).max(axis=(3, 5))
     pooled: Array = out.astype(data.dtype)
     return pooled
 
