@@ -50,7 +50,7 @@ import numpy as np
 from kiln.codegen import llvm_int, llvm_lanes, llvm_math, llvm_process, llvm_x86
 from kiln.codegen.jit import CodegenError
 from kiln.ir import graph
-from kiln.ir.dtype import DataType
+from kiln.ir.dtype import NARROW_FLOATS, DataType
 from kiln.runtime import linker, pool
 from kiln.runtime.module import STATUS_OK, STATUS_OUT_OF_MEMORY, dim_text, on_heap
 from kiln.target import Target
@@ -644,7 +644,6 @@ class CodeGenLLVM:
         args = [self.expr(a) for a in e.args]
         if is_float(dt):
             # float16 and bfloat16 are in float32 registers: float32 math
-
             return llvm_math.emit_float_call(b, e.name, args, scalef=self.avx512)
         if e.name == llvm_x86.DOT4:
             return llvm_x86.dot4(b, *args)
@@ -748,7 +747,6 @@ class CodeGenLLVM:
         return b.sext(v, to) if _signed(src) else b.zext(v, to)
 
 
-NARROW_FLOATS = ("float16", "bfloat16")  # storage types computed in float32 registers
 _POW_BY_PRODUCT = (1.0, 2.0, 3.0, 4.0)  # exponents of pow emitted as multiplications (1 to 3 roundings)
 
 

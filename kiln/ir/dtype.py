@@ -98,6 +98,10 @@ class DataType:
         return f"DataType({self.name!r})"
 
 
+# The storage-only floats: computed in float32, rounded to their precision when stored or converted.
+NARROW_FLOATS = ("float16", "bfloat16")
+
+
 def _bfloat16() -> Any:
     """ml_dtypes' bfloat16 scalar type (a kiln dependency; jax's and onnx's bfloat16 too)."""
     import ml_dtypes

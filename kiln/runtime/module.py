@@ -65,12 +65,7 @@ class KernelMemoryError(KilnError, MemoryError):
 
 def numpy_dtype(dtype: str) -> np.dtype[Any]:
     """The numpy dtype of a loop-IR dtype string (bfloat16: ml_dtypes')."""
-    if dtype == "bfloat16":
-        import ml_dtypes
-
-        bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
-        return bf16
-    return np.dtype(np.bool_) if dtype == "bool" else np.dtype(dtype)
+    return DataType.of(dtype).numpy()
 
 
 class Param:

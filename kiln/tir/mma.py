@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 import attrs
 
+from kiln.ir.dtype import NARROW_FLOATS
 from kiln.tir.expr import Add, Buffer, BufferLoad, Call, Cast, IntImm, Mul, PrimExpr, TIRError, Var
 from kiln.tir.functor import StmtExprMutator, buffer_loads
 from kiln.tir.simplify import Analyzer
@@ -68,7 +69,7 @@ def _operand(e: PrimExpr) -> BufferLoad | None:
     """The float16 or bfloat16 load that `e` (a float32 operand of the product) converts, or None."""
     if isinstance(e, Cast) and e.dtype == "float32":
         e = e.value
-    return e if isinstance(e, BufferLoad) and e.dtype in ("float16", "bfloat16") else None
+    return e if isinstance(e, BufferLoad) and e.dtype in NARROW_FLOATS else None
 
 
 class _Tensorizer(StmtExprMutator):

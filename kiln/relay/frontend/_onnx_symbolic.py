@@ -68,6 +68,12 @@ def _slice(node: OnnxNode, v: list[Array | None]) -> Array:
     return data[tuple(index)]
 
 
+def _concat(node: OnnxNode, v: list[Array | None]) -> Array:
+    parts = [x for x in v if x is not None]
+    assert len(parts) == len(v)  # Concat has no optional inputs
+    return np.concatenate(parts, axis=node.int_attr("axis"))
+
+
 def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[OnnxNode, list[Array | None]], Array]:
     def evaluate(node: OnnxNode, v: list[Array | None]) -> Array:
         assert v[0] is not None and v[1] is not None
@@ -81,7 +87,7 @@ _OPS: dict[str, Callable[[OnnxNode, list[Array | None]], Array]] = {
     "Gather": lambda node, v: np.take(v[0], v[1].astype(np.int64), axis=node.int_attr("axis", 0)),  # type: ignore
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
-    "Concat": lambda node, v: np.concatenate([x for x in v if x is not None], axis=node.int_attr("axis")),
+    "Concat": _concat,
     "Slice": _slice,
     "Mul": _binary(np.multiply),
     "Div": _binary(np.floor_divide),  # dims are >= 0: floor is ONNX's truncation (s // 2 is a `Quot` dim)

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kiln import te
+from kiln.ir.dtype import NARROW_FLOATS
 from kiln.ir.types import Dim, SumDim, SymDim, TensorType, TupleType, Type
 from kiln.relay.expr import Constant
 from kiln.relay.op._rel import RelationError, normalize_axis
@@ -22,14 +23,14 @@ def accumulator(dtype: str) -> str:
     """The dtype a sum of `dtype` values accumulates in: float32 for narrower floats (float16 steps of
     0.25 at 300 lose every addend under 0.125), int64 for integers, the dtype itself otherwise."""
     if tx.is_float(dtype):
-        return "float32" if dtype in ("float16", "bfloat16") else dtype
+        return "float32" if dtype in NARROW_FLOATS else dtype
     return "int64"
 
 
 def product_sum_dtype(dtype: str) -> str:
     """The dtype a product or convolution of `dtype` outputs sums in: float32 for float16 and bfloat16 (as
     torch and cuBLAS sum them; summed in their own precision, K terms lose about log2(K) bits), else `dtype`."""
-    return "float32" if dtype in ("float16", "bfloat16") else dtype
+    return "float32" if dtype in NARROW_FLOATS else dtype
 
 
 def narrowed(total: te.Tensor, dtype: str, name: str) -> te.Tensor:
@@ -43,9 +44,10 @@ def narrowed(total: te.Tensor, dtype: str, name: str) -> te.Tensor:
 def wide(x: Any) -> Any:
     """`x` in float32 where it is float16 or bfloat16 (ml_dtypes'), else `x`: a numpy reference computes
     narrow floats in float32, as their computes do, rounding once at the end."""
-    return x.astype(np.float32) if x.dtype.itemsize == 2 and x.dtype.kind in "fV" else x
+    return x.astype(np.float32) if x.dtype.name in NARROW_FLOATS else x
 
 
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")  # what the row-wise implementations take
 TILED_DTYPES = ("float32", "float64")  # the dtypes of the register-tiled llvm products and convolutions
 
 

@@ -33,7 +33,6 @@ from kiln.relay.op._nn_util import (
     clamp,
     differ,
     dtype_of,
-    narrowed,
     packable_weight,
     product_sum_dtype,
     tensor_shape,
@@ -49,6 +48,8 @@ from kiln.relay.op.conv_schedules import (
     batch_type_shape,
     conv2d_cpu_compute,
     conv2d_cpu_schedule,
+    conv_output,
+    group_channel,
     kernel_at,
     nchw_shape,
     ovec_tiles,
@@ -362,20 +363,16 @@ def _conv2d_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type)
     pt, pl, _, _ = attrs.padding
     (sh, sw), (dh, dw) = attrs.strides, attrs.dilation
     guard = (overhangs(oh, h, sh, dh, kh, pt), overhangs(ow, w, sw, dw, kw, pl))
-    og = o_total // attrs.groups
     rc, ry, rx = te.reduce_axis((0, ig), "rc"), te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
     zero = te.const(0, data.dtype)
 
     def conv(n: PrimExpr, o: PrimExpr, y: PrimExpr, x: PrimExpr) -> PrimExpr:
-        c = rc if attrs.groups == 1 else o // og * ig + rc
+        c = group_channel(o, rc, attrs, o_total, ig)
         v = read_window(data, layout, n, c, y * sh + ry * dh - pt, x * sw + rx * dw - pl, (h, w), guard, zero)
         k = kernel_at(weight, attrs, o, rc, ry, rx)
         return te.sum(te.cast(v, dtype) * te.cast(k, dtype), axis=[rc, ry, rx])
 
-    name = "conv2d" if dtype == out_dtype else "conv2d_sum"
-    if layout == "NCHW":
-        return [narrowed(te.compute(shape, conv, name=name), out_dtype, "conv2d")]
-    return [narrowed(te.compute(shape, lambda n, y, x, o: conv(n, o, y, x), name=name), out_dtype, "conv2d")]
+    return [conv_output(shape, layout, conv, out_dtype)]
 
 
 def _conv2d_cuda_compute(attrs: Conv2DAttrs, inputs: list[te.Tensor], out_type: Type) -> list[te.Tensor]:

@@ -55,7 +55,15 @@ from typing import Any, TypeVar
 from kiln import te
 from kiln.ir.dtype import DataType
 from kiln.ir.types import SymDim, Type
-from kiln.relay.op._nn_util import clamp, dtype_of, shape_dims, static_shape, tensor_shape
+from kiln.relay.op._nn_util import (
+    clamp,
+    dtype_of,
+    narrowed,
+    product_sum_dtype,
+    shape_dims,
+    static_shape,
+    tensor_shape,
+)
 from kiln.relay.op._schedule import KEEP, divisor_at_most, op_attr, split_epilogue, vector_lanes
 from kiln.tir import expr as tx
 from kiln.tir.expr import PrimExpr
@@ -95,6 +103,26 @@ def kernel_at(weight: te.Tensor, attrs: Any, o: PrimExpr, i: PrimExpr, ky: PrimE
     if block:
         return weight[o // block, i, ky, kx, o % block]
     return weight[(o, i, ky, kx) if attrs.kernel_layout == "OIHW" else (ky, kx, i, o)]
+
+
+def group_channel(o: PrimExpr, i: PrimExpr, attrs: Any, o_total: int, ig: int) -> PrimExpr:
+    """The input channel that output channel o reads as the i-th of its group's ig (i itself for one group)."""
+    if attrs.groups == 1:
+        return i
+    og = o_total // attrs.groups
+    return (o if og == 1 else o // og) * ig + i
+
+
+def conv_output(shape: Sequence[Any], layout: str, conv: Callable[..., PrimExpr], out_dtype: str,
+                attrs: dict[str, Any] | None = None) -> te.Tensor:
+    """nn.conv2d's output over `shape` (in `layout`'s order) from conv(n, o, y, x), a sum in
+    `product_sum_dtype(out_dtype)`, converted to out_dtype where they differ (`narrowed`)."""
+    name = "conv2d" if product_sum_dtype(out_dtype) == out_dtype else "conv2d_sum"
+    if layout == "NCHW":
+        total = te.compute(shape, lambda n, o, y, x: conv(n, o, y, x), name=name, attrs=attrs)
+    else:
+        total = te.compute(shape, lambda n, y, x, o: conv(n, o, y, x), name=name, attrs=attrs)
+    return narrowed(total, out_dtype, "conv2d")
 
 
 FORM = "conv2d.form"  # attr of the NCHW output's compute: which form of this module computed it

@@ -35,9 +35,18 @@ from typing import Any
 
 from kiln import te
 from kiln.ir.types import Type
-from kiln.relay.op._nn_util import dtype_of, narrowed, product_sum_dtype, static_shape, tensor_shape
+from kiln.relay.op._nn_util import dtype_of, product_sum_dtype, static_shape, tensor_shape
 from kiln.relay.op._schedule import schedule_cuda, split_epilogue, static_size, summed
-from kiln.relay.op.conv_schedules import DATA_AXES, kernel_at, nchw_shape, padded_input, pick, static_kernel_dims
+from kiln.relay.op.conv_schedules import (
+    DATA_AXES,
+    conv_output,
+    group_channel,
+    kernel_at,
+    nchw_shape,
+    padded_input,
+    pick,
+    static_kernel_dims,
+)
 from kiln.relay.op.cuda_schedules import MIN_BLOCKS, SHARED_PANEL, THREADS, stage_panel
 from kiln.tir.expr import PrimExpr
 
@@ -79,29 +88,21 @@ def window_compute(attrs: Any, inputs: list[te.Tensor], out_type: Type) -> list[
     hw_axes = DATA_AXES[layout][2:]
     pad = padded_input(data, (pt, pl), ((oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1),
                        (hw_axes[0], hw_axes[1]))
-    og = o_total // attrs.groups
     parts = conv_splits(n, o_total, oh, ow, ig) if attrs.groups == 1 and layout == "NCHW" else 1
     rc = te.reduce_axis((0, ig // parts), "rc")
     ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
 
     def conv(n: PrimExpr, o: PrimExpr, y: PrimExpr, x: PrimExpr, part: PrimExpr | int) -> PrimExpr:
         i = rc + part * (ig // parts)
-        ch = i if attrs.groups == 1 else (o if og == 1 else o // og) * ig + i
-        v = pad[nchw_shape(n, ch, y * sh + ry * dh, x * sw + rx * dw, layout)]
+        v = pad[nchw_shape(n, group_channel(o, i, attrs, o_total, ig), y * sh + ry * dh, x * sw + rx * dw, layout)]
         return te.sum(te.cast(v, dtype) * te.cast(kernel_at(weight, attrs, o, i, ry, rx), dtype), axis=[rc, ry, rx])
 
     window = {WINDOW: Window(pad, layout, attrs.groups, attrs.strides, attrs.dilation)}
-    name = "conv2d" if dtype == out_dtype else "conv2d_sum"
-    if parts > 1:
-        sums = te.compute((parts, *shape), lambda p, n, o, y, x: conv(n, o, y, x, p), name="conv2d_parts",
-                          attrs=window)
-        rp = te.reduce_axis((0, parts), "rp")
-        total = te.compute(shape, lambda n, o, y, x: te.sum(sums[rp, n, o, y, x], axis=rp), name=name)
-    elif layout == "NCHW":
-        total = te.compute(shape, lambda n, o, y, x: conv(n, o, y, x, 0), name=name, attrs=window)
-    else:
-        total = te.compute(shape, lambda n, y, x, o: conv(n, o, y, x, 0), name=name, attrs=window)
-    return [narrowed(total, out_dtype, "conv2d")]
+    if parts == 1:
+        return [conv_output(shape, layout, lambda n, o, y, x: conv(n, o, y, x, 0), out_dtype, window)]
+    sums = te.compute((parts, *shape), lambda p, n, o, y, x: conv(n, o, y, x, p), name="conv2d_parts", attrs=window)
+    rp = te.reduce_axis((0, parts), "rp")  # NCHW: the parts' sums added up
+    return [conv_output(shape, layout, lambda n, o, y, x: te.sum(sums[rp, n, o, y, x], axis=rp), out_dtype)]
 
 
 def conv_splits(n: int, o: int, oh: int, ow: int, ig: int) -> int:

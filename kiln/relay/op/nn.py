@@ -25,6 +25,7 @@ from kiln.ir.types import Dim, TensorType, Type, dim_add
 from kiln.registry import Op, OpPattern, attr, register_op
 from kiln.relay.expr import Call, Constant, Expr, Var, call, const
 from kiln.relay.op._nn_util import (
+    FLOAT_DTYPES,
     Array,
     accumulator,
     along,
@@ -477,9 +478,9 @@ for _name, _doc, _ref, _log, _grad in [
         .set_attr(attr.FCompute, _softmax_compute(_log))
         .set_attr(attr.FPrimalGradient, _grad)
         .add_implementation("rows", _softmax_rows_compute(_log), schedule_rows, target="llvm",
-                            dtypes=("float16", "bfloat16", "float32", "float64"), priority=10)
+                            dtypes=FLOAT_DTYPES, priority=10)
         .add_implementation("rows", _softmax_cuda_compute(_log), schedule_rows_cuda, target="cuda",
-                            dtypes=("float16", "bfloat16", "float32", "float64"), priority=10))
+                            dtypes=FLOAT_DTYPES, priority=10))
 
 
 @constructor("nn.softmax")

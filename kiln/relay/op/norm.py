@@ -22,6 +22,7 @@ from kiln.ir.types import Dim, TensorType, Type
 from kiln.registry import OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
 from kiln.relay.op._nn_util import (
+    FLOAT_DTYPES,
     Array,
     accumulator,
     along,
@@ -328,9 +329,9 @@ def _layer_norm_cuda_compute(attrs: LayerNormAttrs, inputs: list[te.Tensor], out
     .set_attr(attr.FCompute, _layer_norm_compute)
     .set_attr(attr.FPrimalGradient, layer_norm_grad)
     .add_implementation("rows", _layer_norm_rows_compute, schedule_rows, target="llvm",
-                        dtypes=("float16", "bfloat16", "float32", "float64"), priority=10)
+                        dtypes=FLOAT_DTYPES, priority=10)
     .add_implementation("rows", _layer_norm_cuda_compute, schedule_rows_cuda, target="cuda",
-                        dtypes=("float16", "bfloat16", "float32", "float64"), priority=10))
+                        dtypes=FLOAT_DTYPES, priority=10))
 
 
 @constructor("nn.layer_norm")

@@ -24,7 +24,7 @@ from kiln.ir.dtype import DataType
 from kiln.ir.types import Dim, SumDim, SymDim, TensorType, Type
 from kiln.registry import Op, OpPattern, attr, register_op
 from kiln.relay.expr import Call, Expr, call
-from kiln.relay.op._nn_util import accumulator, shape_dims
+from kiln.relay.op._nn_util import accumulator, shape_dims, wide
 from kiln.relay.op._reg import constructor
 from kiln.relay.op._rel import RelationError, normalize_axis, tensor_args
 from kiln.relay.op._schedule import KEEP, schedule_injective_stage, schedule_reduce
@@ -258,8 +258,7 @@ def _schedule_two_stage(
 def _reduce_reference(fn: Callable[..., Any]) -> Callable[[ReduceAttrs, Array], Array]:
     def reference(attrs: ReduceAttrs, x: Array) -> Array:
         axes = tuple(reduce_axes(x.ndim, attrs.axis, attrs.exclude))
-        narrow = x.dtype.itemsize == 2 and x.dtype.kind in "fV"  # float16, bfloat16: in float32, as the compute
-        out = fn(x.astype(np.float32) if narrow else x, axis=axes, keepdims=attrs.keepdims)
+        out = fn(wide(x), axis=axes, keepdims=attrs.keepdims)  # float16, bfloat16: in float32, as the compute
         # mean of ints truncates toward zero, as TVM's integer division of the sum
         return np.asarray(out).astype(x.dtype, copy=False)
 
