@@ -39,8 +39,7 @@ around the shared scratch it uses (`kiln.codegen.cuda_allreduce`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-from typing import Any
+from collections.abc import Hashable
 
 import attrs
 
@@ -163,27 +162,17 @@ def _union(a: Pending, b: Pending) -> Pending:
 
 
 class _Syncs:
-    """One `insert_syncs` walk: what each statement accesses and binds, found once per statement (asked at
-    every level of a nest and in every fixpoint round, the walks were quadratic in the kernel's size)."""
+    """One `insert_syncs` walk, which finds each statement's shared accesses once (asked at every level of a
+    nest and in every fixpoint round, the walks were quadratic in the kernel's size)."""
 
     def __init__(self) -> None:
-        self.memo: dict[tuple[str, int], tuple[Stmt, Any]] = {}
-
-    def _once(self, kind: str, s: Stmt, find: Callable[[Stmt], Any]) -> Any:
-        hit = self.memo.get((kind, id(s)))
-        if hit is None:
-            hit = self.memo[(kind, id(s))] = (s, find(s))  # the statement held: its id stays its own
-        return hit[1]
+        self.accesses: dict[int, tuple[Stmt, Pending]] = {}  # id -> (the statement, held: its id stays its own)
 
     def access(self, s: Stmt) -> Pending:
-        found: Pending = self._once("access", s, _shared_access_frozen)
-        return found
-
-    def cooperative(self, s: For) -> bool:
-        """Whether `s` is a threadIdx loop whose body binds threadIdx loops again: a per-thread scope in which
-        the block works together (a tile filled through the same threads), so its body is synchronized inside."""
-        tags: set[str] = self._once("tags", s.body, bound_tags)
-        return s.thread_tag.startswith("threadIdx") and any(t.startswith("threadIdx") for t in tags)
+        hit = self.accesses.get(id(s))
+        if hit is None:
+            hit = self.accesses[id(s)] = (s, _shared_access_frozen(s))
+        return hit[1]
 
     def sync(self, s: Stmt, pend: Pending) -> tuple[Stmt, Pending]:
         """`s` with the barriers it needs when entered with `pend` outstanding, and what is outstanding after."""
@@ -210,7 +199,7 @@ class _Syncs:
                 return IfThenElse(s.cond, then), _union(after, pend)
             other, after_other = self.sync(s.else_case, pend)
             return IfThenElse(s.cond, then, other), _union(after, after_other)
-        if isinstance(s, For) and (s.thread_tag.startswith("blockIdx") or self.cooperative(s)):  # all threads run it
+        if isinstance(s, For) and (s.thread_tag.startswith("blockIdx") or _cooperative(s)):  # all threads run it
             body, pend = self.sync(s.body, pend)
             return attrs.evolve(s, body=body), pend
         if isinstance(s, For) and s.kind is not ForKind.THREAD_BINDING:
@@ -231,6 +220,12 @@ class _Syncs:
         if _conflict(pend, reads, writes):
             return seq(syncthreads(), s), (reads, writes)
         return s, _union(pend, (reads, writes))
+
+
+def _cooperative(s: For) -> bool:
+    """Whether `s` is a threadIdx loop whose body binds threadIdx loops again: a per-thread scope in which
+    the block works together (a tile filled through the same threads), so its body is synchronized inside."""
+    return s.thread_tag.startswith("threadIdx") and any(t.startswith("threadIdx") for t in bound_tags(s.body))
 
 
 def _conflict(pend: Pending, reads: frozenset[int], writes: frozenset[tuple[int, Hashable]]) -> bool:
