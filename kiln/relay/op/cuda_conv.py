@@ -181,26 +181,18 @@ def schedule_conv2d(sch: te.Schedule, anchor_outs: Sequence[te.Tensor], outs: Se
     bc = 16
     while bc > 1 and (bc > ig // parts or THREADS * tm * bc * kh * kw * 4 > SHARED_PANEL):
         bc //= 2
-    local = _tile_conv(sch, c, outs, window, tm, tn, hx, wx)
-    rc, ry, rx = local.op.reduce_axis
-    rco, rci = local.split(rc, factor=bc)
-    _, lo, ly, lx = window.conv_axes(local.op.axis[-4:])
-    local.reorder(rco, rci, ry, rx, lo, ly, lx)
-    for axis in (ry, rx, lo, ly, lx):
-        local.unroll(axis)
-    if window.layout == "NCHW":
-        stage_panel(sch, pad, local, rco, None)
-        stage_panel(sch, weight, local, rco, (1, 2, 3, 0))  # channel-last: a thread's tm channels in a row
-    else:  # the window channel-first as in NCHW (a warp's pixels on distinct banks), copied channel-innermost
-        stage_panel(sch, pad, local, rco, (3, 0, 1, 2), order=(1, 2, 3, 0))
-        stage_panel(sch, weight, local, rco, None)  # HWIO is channel-last already
+    local, step = _tile_conv(sch, c, outs, window, (tm, tn, hx, wx), bc)
+    # OIHW channel-last (a thread's tm channels in a row); HWIO is channel-last already
+    stage_panel(sch, weight, local, step, (1, 2, 3, 0) if window.layout == "NCHW" else None)
 
 
-def _tile_conv(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor], window: Window, tm: int, tn: int,
-               hx: int, wx: int) -> te.Stage:
-    """The block and thread tiles of a convolution's output: 16 tm channels x hx rows x wx tn columns a
-    block, tm channels x tn neighbouring columns of one row a thread (channels on threadIdx.y, pixels on
-    threadIdx.x); returns the local stage, computed at each thread."""
+def _tile_conv(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor], window: Window,
+               tiles: tuple[int, int, int, int], bc: int) -> tuple[te.Stage, Any]:
+    """The block and thread tiles of a convolution's output, `tiles` = (tm, tn, hx, wx): 16 tm channels x hx
+    rows x wx tn columns a block, tm channels x tn neighbouring columns of one row a thread (channels on
+    threadIdx.y, pixels on threadIdx.x). The sums, computed at each thread, step through bc input channels,
+    the input window of each step staged in shared memory; returns the local stage and its step axis."""
+    tm, tn, hx, wx = tiles
     tiled, comp = split_epilogue(sch, c, outs, cache=True)
     sch[comp].set_scope("local")
     if isinstance(window.pad.op, te.ComputeOp):
@@ -222,7 +214,17 @@ def _tile_conv(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.Tensor], window
     stage.unroll(xi)
     local = sch[comp]
     local.compute_at(stage, pixels)
-    return local
+    rc, ry, rx = local.op.reduce_axis
+    step, rci = local.split(rc, factor=bc)
+    _, lo, ly, lx = window.conv_axes(local.op.axis[-4:])
+    local.reorder(step, rci, ry, rx, lo, ly, lx)
+    for axis in (ry, rx, lo, ly, lx):
+        local.unroll(axis)
+    if window.layout == "NCHW":
+        stage_panel(sch, window.pad, local, step, None)
+    else:  # the window channel-first as in NCHW (a warp's pixels on distinct banks), copied channel-innermost
+        stage_panel(sch, window.pad, local, step, (3, 0, 1, 2), order=(1, 2, 3, 0))
+    return local, step
 
 
 def _add_parts(sch: te.Schedule, total: te.Tensor, outs: Sequence[te.Tensor]) -> None:
@@ -253,16 +255,6 @@ def _schedule_grouped_conv2d(sch: te.Schedule, c: te.Tensor, outs: Sequence[te.T
     bc = 16
     while bc > 1 and (bc > ig or ((spanned - 1) * ig + bc) * rows * cols * 4 > SHARED_PANEL):
         bc //= 2
-    local = _tile_conv(sch, c, outs, window, 1, tn, hx, wx)
-    rc, ry, rx = local.op.reduce_axis
-    rco, rci = local.split(rc, factor=bc)
-    _, lo, ly, lx = window.conv_axes(local.op.axis)
-    local.reorder(rco, rci, ry, rx, lo, ly, lx)
-    for axis in (ry, rx, lx):
-        local.unroll(axis)
-    if window.layout == "NCHW":
-        stage_panel(sch, window.pad, local, rco, None)
-    else:
-        stage_panel(sch, window.pad, local, rco, (3, 0, 1, 2), order=(1, 2, 3, 0))
+    _tile_conv(sch, c, outs, window, (1, tn, hx, wx), bc)
 
 
